@@ -1,0 +1,225 @@
+"""Group-relative advantages (GRPO) with the variants users compare.
+
+``A_i = (R_i - mean_group R) / (scale + eps)`` where the G samples of one prompt form a group. All statistics
+are computed with batched scatter operations over dense group ids (no Python loop over groups). Standard
+deviations are population ones (``ddof = 0``, like the anchors' ``np.std``). A group whose rewards are all
+equal gets advantage exactly 0 (not ``0 / eps`` noise, never NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from tensordict import TensorDictBase, is_tensor_collection
+from tensordict.nn import TensorDictModuleBase
+
+from vgrpo_lib._checks import check_batch, check_finite, check_key, choose
+from vgrpo_lib.objectives import soft_clip as soft_clip_fn
+
+SCALES = ("group", "batch", "none", "rank", "trimmed")
+MULTI_REWARD = ("normalize_then_sum", "sum_then_normalize")
+
+
+class Groups(NamedTuple):
+    """Dense group index ``[B]`` (values ``0..n-1``), member count per group ``[n]`` and ``n``."""
+
+    index: torch.Tensor
+    count: torch.Tensor
+    num_groups: int
+
+
+def make_groups(group: torch.Tensor) -> Groups:
+    """Dense ids for arbitrary integer group labels ``[B]``."""
+    if group.ndim != 1 or group.dtype.is_floating_point or group.dtype == torch.bool:
+        raise ValueError(f"group must be a 1-D integer tensor of prompt-group ids, got {group.dtype} {tuple(group.shape)}.")
+    unique, index, count = torch.unique(group, return_inverse=True, return_counts=True)
+    return Groups(index, count, unique.numel())
+
+
+def _segment_sum(values: torch.Tensor, groups: Groups) -> torch.Tensor:
+    return values.new_zeros(groups.num_groups).index_add_(0, groups.index, values)
+
+
+def _segment_mean_std(values: torch.Tensor, groups: Groups, weight: torch.Tensor | None = None):
+    """Per-group (optionally 0/1-weighted) mean and population std, each ``[n]``."""
+    weight = torch.ones_like(values) if weight is None else weight
+    count = _segment_sum(weight, groups)
+    mean = _segment_sum(values * weight, groups) / count
+    var = _segment_sum((values - mean[groups.index]).square() * weight, groups) / count
+    return mean, var.clamp_min(0).sqrt()
+
+
+def _is_constant(values: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """``[n]`` True where every member of the group has the same value."""
+    low = values.new_full((groups.num_groups,), float("inf")).scatter_reduce(0, groups.index, values, "amin")
+    high = values.new_full((groups.num_groups,), -float("inf")).scatter_reduce(0, groups.index, values, "amax")
+    return low == high
+
+
+def _within_group_ranks(values: torch.Tensor, groups: Groups) -> tuple[torch.Tensor, torch.Tensor]:
+    """Average ranks with ties (0-based) and tie-broken positions (by batch index) within each group, ``[B]``.
+
+    Uses a ``[B, B]`` same-group comparison: fine for the few thousand samples of one RL batch.
+    """
+    same = groups.index[:, None] == groups.index[None, :]
+    less = (values[None, :] < values[:, None]) & same
+    equal = (values[None, :] == values[:, None]) & same
+    earlier = torch.ones_like(same).tril(-1)
+    average_rank = less.sum(1) + 0.5 * (equal.sum(1) - 1)
+    position = less.sum(1) + (equal & earlier).sum(1)
+    return average_rank.to(values.dtype), position
+
+
+def normalize_rewards(reward: torch.Tensor, groups: Groups, scale: str, eps: float, trim: float) -> torch.Tensor:
+    """Group-relative advantage of one reward ``[B]`` under a named ``scale`` (see :class:`GroupAdvantage`)."""
+    constant = _is_constant(reward, groups)[groups.index]
+    if scale == "rank":
+        reward, _ = _within_group_ranks(reward, groups)
+        scale = "group"
+    if scale == "trimmed":
+        _, position = _within_group_ranks(reward, groups)
+        cut = torch.floor(trim * groups.count[groups.index])
+        keep = (position >= cut) & (position < groups.count[groups.index] - cut)
+        mean, std = _segment_mean_std(reward, groups, keep.to(reward.dtype))
+        advantage = (reward - mean[groups.index]) / (std[groups.index] + eps)
+    else:
+        mean, std = _segment_mean_std(reward, groups)
+        centred = reward - mean[groups.index]
+        if scale == "group":
+            advantage = centred / (std[groups.index] + eps)
+        elif scale == "batch":
+            advantage = centred / (reward.std(correction=0) + eps)
+        else:
+            advantage = centred
+    return torch.where(constant, torch.zeros_like(advantage), advantage)
+
+
+def group_statistics(reward: torch.Tensor, group: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-prompt reward statistics: ``mean``, ``std``, ``count`` per group (``[n]``, in sorted group-id order),
+    and ``zero_std_fraction``, the share of groups whose rewards are all equal (they carry no signal)."""
+    groups = make_groups(group)
+    reward = reward.float() if not reward.is_floating_point() else reward
+    mean, std = _segment_mean_std(reward, groups)
+    constant = _is_constant(reward, groups)
+    return {"mean": mean, "std": std, "count": groups.count, "zero_std_fraction": constant.float().mean()}
+
+
+def group_advantage(
+    reward: torch.Tensor,
+    group: torch.Tensor,
+    *,
+    scale: str = "group",
+    soft_clip: float | None = None,
+    clip: float | None = None,
+    eps: float = 1e-6,
+    trim: float = 0.1,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    multi_reward: str = "normalize_then_sum",
+) -> torch.Tensor:
+    """Functional form of :class:`GroupAdvantage`: ``reward`` ``[B]`` or ``[B, R]``, ``group`` ``[B]`` -> ``[B]``."""
+    choose("advantage scale", scale, SCALES)
+    choose("multi-reward aggregation", multi_reward, MULTI_REWARD)
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
+    if reward.ndim not in (1, 2):
+        raise ValueError(f"reward must be [B] or [B, R], got shape {tuple(reward.shape)}.")
+    check_batch("group", group, reward.shape[0], ndim=1)
+    reward = reward if reward.is_floating_point() else reward.float()
+    check_finite("reward", reward)
+    groups = make_groups(group)
+    if bool((groups.count < 2).any()):
+        singles = torch.unique(group)[groups.count < 2].tolist()
+        raise ValueError(f"Groups of size 1 have no group-relative advantage: group id(s) {singles[:8]}.")
+    if reward.ndim == 2:
+        num_rewards = reward.shape[1]
+        w = torch.ones(num_rewards) if weights is None else torch.as_tensor(weights, dtype=reward.dtype)
+        if w.shape != (num_rewards,):
+            raise ValueError(f"weights must have one entry per reward ({num_rewards}), got shape {tuple(w.shape)}.")
+        w = w.to(reward.device, reward.dtype)
+        if multi_reward == "sum_then_normalize":
+            advantage = normalize_rewards(reward @ w, groups, scale, eps, trim)
+        else:
+            per_reward = torch.stack(
+                [normalize_rewards(reward[:, r], groups, scale, eps, trim) for r in range(num_rewards)], 1
+            )
+            advantage = per_reward @ w
+    else:
+        if weights is not None:
+            raise ValueError("weights are for multi-reward input of shape [B, R]; reward is [B].")
+        advantage = normalize_rewards(reward, groups, scale, eps, trim)
+    if clip is not None:
+        advantage = advantage.clamp(-clip, clip)
+    if soft_clip is not None:
+        advantage = soft_clip_fn(advantage, soft_clip)
+    return advantage
+
+
+class GroupAdvantage(TensorDictModuleBase):
+    """GRPO's group-relative advantage, as a function and as a TensorDict module.
+
+    Args:
+        scale: ``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the batch std), ``"none"`` (centre only:
+            Dr.GRPO), ``"rank"`` (z-scored within-group ranks, ties averaged), ``"trimmed"`` (centre and scale by the
+            group's mean and std after dropping the ``trim`` fraction at each end).
+        soft_clip: ``eta`` of V-GRPO's soft clip ``eta tanh(A / eta)`` (paper: 3, on-policy training), or None.
+        clip: hard clip ``[-clip, clip]`` (Flow-GRPO: 5), applied before the soft clip; or None.
+        eps: added to the scale.
+        trim: fraction trimmed at each end for ``"trimmed"``.
+        weights: per-reward weights for multi-reward input ``[B, R]`` (default: all 1).
+        multi_reward: ``"normalize_then_sum"`` (each reward normalised in its group, then a weighted sum: GDPO-style)
+            or ``"sum_then_normalize"`` (weighted sum of raw rewards, then normalised).
+
+    Call as ``adv(reward, group) -> [B]`` or on a TensorDict (``in_keys=["reward", "group"]``,
+    ``out_keys=["advantage"]``). Errors: NaN/inf rewards (the indices are named), groups of size 1, shape
+    mismatches, unknown options.
+    """
+
+    def __init__(
+        self,
+        scale: str = "group",
+        soft_clip: float | None = None,
+        clip: float | None = None,
+        eps: float = 1e-6,
+        *,
+        trim: float = 0.1,
+        weights: Sequence[float] | None = None,
+        multi_reward: str = "normalize_then_sum",
+        in_keys: Sequence = ("reward", "group"),
+        out_keys: Sequence = ("advantage",),
+    ):
+        super().__init__()
+        self.scale = choose("advantage scale", scale, SCALES)
+        self.multi_reward = choose("multi-reward aggregation", multi_reward, MULTI_REWARD)
+        if soft_clip is not None and soft_clip <= 0:
+            raise ValueError(f"soft_clip must be > 0, got {soft_clip}.")
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be > 0, got {clip}.")
+        self.soft_clip, self.clip, self.eps, self.trim, self.weights = soft_clip, clip, eps, trim, weights
+        self.in_keys, self.out_keys = list(in_keys), list(out_keys)
+
+    def compute(self, reward: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        return group_advantage(
+            reward,
+            group,
+            scale=self.scale,
+            soft_clip=self.soft_clip,
+            clip=self.clip,
+            eps=self.eps,
+            trim=self.trim,
+            weights=self.weights,
+            multi_reward=self.multi_reward,
+        )
+
+    def forward(self, reward_or_batch, group: torch.Tensor | None = None):
+        if is_tensor_collection(reward_or_batch):
+            batch: TensorDictBase = reward_or_batch
+            reward_key, group_key = self.in_keys
+            check_key(batch, reward_key, "the rewards")
+            check_key(batch, group_key, "the prompt-group ids")
+            batch.set(self.out_keys[0], self.compute(batch.get(reward_key), batch.get(group_key)))
+            return batch
+        if group is None:
+            raise ValueError("GroupAdvantage needs the group ids: adv(reward, group).")
+        return self.compute(reward_or_batch, group)

@@ -1,0 +1,178 @@
+"""Step control: schedules as ``step -> value`` callables (optax-style), an adaptive KL controller, the
+old-policy soft update of DiffusionNFT and the MixGRPO SDE window.
+
+A schedule is any callable ``schedule(step: int) -> float``; assign its value to a loss buffer
+(``loss.clip_high = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Schedule = Callable[[int], float]
+
+
+def _check_steps(name: str, steps: int) -> None:
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{name} must be a positive integer, got {steps!r}.")
+
+
+@dataclass(frozen=True)
+class Constant:
+    value: float
+
+    def __call__(self, step: int) -> float:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Linear:
+    """From ``start`` to ``end`` over ``steps`` steps, then ``end``."""
+
+    start: float
+    end: float
+    steps: int
+
+    def __post_init__(self):
+        _check_steps("steps", self.steps)
+
+    def __call__(self, step: int) -> float:
+        fraction = min(max(step, 0), self.steps) / self.steps
+        return self.start + (self.end - self.start) * fraction
+
+
+@dataclass(frozen=True)
+class Cosine:
+    """Cosine decay from ``start`` to ``end`` over ``steps`` steps, then ``end``."""
+
+    start: float
+    end: float
+    steps: int
+
+    def __post_init__(self):
+        _check_steps("steps", self.steps)
+
+    def __call__(self, step: int) -> float:
+        fraction = min(max(step, 0), self.steps) / self.steps
+        return self.end + 0.5 * (self.start - self.end) * (1.0 + math.cos(math.pi * fraction))
+
+
+@dataclass(frozen=True)
+class Piecewise:
+    """``values[i]`` from ``boundaries[i - 1]`` (inclusive) on; ``values[0]`` before ``boundaries[0]``.
+
+    A curriculum: ``Piecewise([150, 350], [0.0, 0.3, 0.3])`` switches a KL on at step 150.
+    """
+
+    boundaries: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.values) != len(self.boundaries) + 1:
+            raise ValueError("Piecewise needs one more value than boundaries.")
+        if list(self.boundaries) != sorted(self.boundaries):
+            raise ValueError("Piecewise boundaries must be increasing.")
+
+    def __call__(self, step: int) -> float:
+        return self.values[sum(step >= b for b in self.boundaries)]
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Linear warm-up from 0 over ``steps`` steps into ``schedule`` (whose step count starts after warm-up)."""
+
+    schedule: Schedule
+    steps: int
+
+    def __call__(self, step: int) -> float:
+        if step < self.steps:
+            return self.schedule(0) * (step + 1) / (self.steps + 1)
+        return self.schedule(step - self.steps)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, value: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = value
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): move the KL coefficient so the measured KL tracks ``target``.
+
+    ``coef <- coef * (1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon)``.
+    """
+
+    def __init__(self, init_coef: float, target: float, horizon: int = 10_000):
+        if init_coef < 0 or target <= 0:
+            raise ValueError(f"need init_coef >= 0 and target > 0, got {init_coef}, {target}.")
+        _check_steps("horizon", horizon)
+        self.value, self.target, self.horizon = float(init_coef), float(target), horizon
+
+    def update(self, measured_kl: float, num_steps: int = 1) -> float:
+        error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * num_steps / self.horizon
+        return self.value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+def exceeds_kl(approx_kl: float, max_kl: float | None) -> bool:
+    """Early stop of the inner epochs: True when the measured approx KL exceeds ``max_kl`` (None: never)."""
+    return max_kl is not None and approx_kl > max_kl
+
+
+@dataclass(frozen=True)
+class OldPolicyDecay:
+    """DiffusionNFT's soft-update decay ``d(step) = min(rate * step, max_decay)`` (official: 0.001, 0.5)."""
+
+    rate: float = 0.001
+    max_decay: float = 0.5
+
+    def __call__(self, step: int) -> float:
+        return min(self.rate * step, self.max_decay)
+
+
+@torch.no_grad()
+def ema_update_(target: Iterable[torch.Tensor], source: Iterable[torch.Tensor], decay: float) -> None:
+    """``target <- decay * target + (1 - decay) * source``, in place, for matching parameter lists.
+
+    ``decay = 0`` copies ``source`` (a hard update: the V-GRPO / Flow-GRPO behaviour policy).
+    """
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"decay must be in [0, 1], got {decay}.")
+    target, source = list(target), list(source)
+    if len(target) != len(source):
+        raise ValueError(f"EMA update needs matching parameter lists, got {len(target)} and {len(source)}.")
+    torch._foreach_lerp_(target, source, 1.0 - decay)
+
+
+@dataclass(frozen=True)
+class SDEWindow:
+    """MixGRPO's sliding window: SDE (stochastic, trained) steps only inside ``[start, start + size)``.
+
+    The window start advances by ``stride`` every ``shift_interval`` iterations and wraps past
+    ``num_steps - size`` (MixGRPO's progressive schedule). ``size = num_steps`` is plain Flow-GRPO.
+    """
+
+    num_steps: int
+    size: int
+    shift_interval: int = 25
+    stride: int = 1
+
+    def __post_init__(self):
+        for name in ("num_steps", "size", "shift_interval", "stride"):
+            _check_steps(name, getattr(self, name))
+        if self.size > self.num_steps:
+            raise ValueError(f"window size {self.size} exceeds the number of steps {self.num_steps}.")
+
+    def __call__(self, iteration: int) -> Sequence[int]:
+        positions = self.num_steps - self.size + 1
+        start = (iteration // self.shift_interval * self.stride) % positions
+        return range(start, start + self.size)

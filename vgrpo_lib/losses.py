@@ -1,0 +1,350 @@
+"""TorchRL loss modules for the three algorithms, thin wrappers over :mod:`vgrpo_lib.objectives`.
+
+Conventions (TorchRL's): each loss reads a TensorDict whose entry names are remappable with ``set_keys``,
+returns a TensorDict whose ``loss_*`` entries a trainer sums, and detached diagnostics beside them.
+Coefficients are buffers (``loss.kl_coef = 0.1`` updates in place, so schedules can drive them).
+A KL term exists only if its coefficient was given (``None`` = off); it is then always computed, so that a
+schedule may start it at 0 and no Python branch on a tensor value forces a device sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.objectives import LossModule
+
+from vgrpo_lib._checks import check_key
+from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.objectives import (
+    clip_fraction,
+    clipped_ratio_objective,
+    gaussian_kl_same_std,
+    nft_implicit_velocities,
+    nft_optimality,
+    ratio_diagnostics,
+    x_space_kl,
+)
+from vgrpo_lib.sde import gaussian_log_prob, sde_step_mean_std
+from vgrpo_lib.weighting import mean_over_data
+
+
+def _clip_range(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
+    low, high = clip_epsilon if isinstance(clip_epsilon, (tuple, list)) else (clip_epsilon, clip_epsilon)
+    if not (0.0 <= low < 1.0 and high >= 0.0):
+        raise ValueError(f"clip_epsilon must be >= 0 (and the low side < 1), got {clip_epsilon}.")
+    return float(low), float(high)
+
+
+class _PolicyLoss(LossModule):
+    """Shared plumbing: key access with clear errors, buffers for coefficients, no value estimator."""
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        """These losses have no value estimator: nothing to forward."""
+
+    def _get(self, batch: TensorDictBase, name: str, what: str):
+        key = getattr(self.tensor_keys, name)
+        check_key(batch, key, what)
+        return batch.get(key)
+
+    def _cond(self, batch: TensorDictBase):
+        return None if self.unconditional else self._get(batch, "cond", "the prompt conditioning")
+
+    def _register_coefficient(self, name: str, value: float | None) -> None:
+        self.register_buffer(name, None if value is None else torch.tensor(float(value)))
+
+
+class VGRPOLoss(_PolicyLoss):
+    """V-GRPO: GRPO with the ELBO surrogate as the whole-sample log-likelihood (Tang et al., 2026).
+
+        rho_i = exp(s_theta(o_i) - s_old(o_i))                       (same stored pairs for both)
+        L = -mean_i min(rho_i A_i, clip(rho_i, 1 - eps_lo, 1 + eps_hi) A_i)
+            + kl_coef * mean_i D_i(theta, old)  +  ref_kl_coef * mean_i D_i(theta, ref)
+
+    ``D`` is the x-space distance of :func:`~vgrpo_lib.objectives.x_space_kl` on the stored pairs.
+
+    Args:
+        model: the trained velocity model ``model(z, t, cond) -> v``.
+        estimator: the :class:`~vgrpo_lib.elbo.ELBOSurrogate` whose pairs are stored in the batch.
+        clip_epsilon: ``eps`` or ``(eps_lo, eps_hi)``; whole-sample ratios are sensitive, the paper uses
+            about 6e-3 to 3e-2 (not LLM-style 0.2).
+        kl_coef: coefficient of the KL to the behaviour policy (paper: 0.3 where used); needs the batch entry
+            ``"old_x_pred"`` ``[B, K, *D]`` stored with the old surrogates. ``None``: no KL term.
+        ref_model, ref_kl_coef: a frozen reference policy (e.g. the base model; LoRA: adapters disabled) and the
+            coefficient of the same x-space distance to it, computed on the fly without gradient.
+        on_policy: the batch is used for exactly one gradient step right after the rollout, so
+            ``s_old == s_theta`` in value: the old-surrogate pass is skipped and ``s_theta.detach()`` stands in
+            (ratio exactly 1, gradient ``-A grad s_theta``). Wrong for several steps per rollout.
+        unconditional: the model takes ``cond=None`` (then no ``"cond"`` entry is read).
+
+    Batch entries (remappable with ``set_keys``): ``sample`` ``[B, *D]``, ``cond`` ``[B, ...]``, ``advantage``
+    ``[B]``, ``pairs`` (TensorDict ``[B, K]`` from :meth:`ELBOSurrogate.sample_pairs`), ``old_log_prob`` ``[B]``,
+    ``old_x_pred`` ``[B, K, *D]`` (KL only).
+
+    Returns ``loss_objective`` (and ``loss_kl``, ``loss_ref_kl``) plus detached diagnostics: ratio mean/min/max,
+    clip fraction, approx KL, ESS, surrogate mean, and the KL values.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        sample: str = "sample"
+        cond: str = "cond"
+        advantage: str = "advantage"
+        pairs: str = "pairs"
+        old_log_prob: str = "old_log_prob"
+        old_x_pred: str = "old_x_pred"
+
+    _schedulable_buffers = frozenset({"clip_low", "clip_high", "kl_coef", "ref_kl_coef"})
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        estimator: ELBOSurrogate,
+        *,
+        clip_epsilon: float | tuple[float, float] = 0.01,
+        kl_coef: float | None = None,
+        ref_model: torch.nn.Module | None = None,
+        ref_kl_coef: float | None = None,
+        on_policy: bool = False,
+        unconditional: bool = False,
+    ):
+        super().__init__()
+        if (ref_model is None) != (ref_kl_coef is None):
+            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
+        self.model, self.estimator, self.ref_model = model, estimator, ref_model
+        self.on_policy, self.unconditional = on_policy, unconditional
+        low, high = _clip_range(clip_epsilon)
+        self.register_buffer("clip_low", torch.tensor(low))
+        self.register_buffer("clip_high", torch.tensor(high))
+        self._register_coefficient("kl_coef", kl_coef)
+        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+
+    @property
+    def in_keys(self):
+        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
+        keys += [] if self.on_policy else ["old_log_prob"]
+        keys += [] if self.kl_coef is None else ["old_x_pred"]
+        return [getattr(self.tensor_keys, k) for k in keys]
+
+    @property
+    def out_keys(self):
+        keys = ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+        return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        sample = self._get(tensordict, "sample", "the generated samples")
+        advantage = self._get(tensordict, "advantage", "the advantages")
+        pairs = self._get(tensordict, "pairs", "the stored timestep-noise pairs")
+        cond = self._cond(tensordict)
+        inputs = self.estimator.noised(sample, cond, pairs)
+        pair_loss, x_pred = self.estimator.pair_loss(self.estimator.predict(self.model, inputs), inputs)
+        log_prob = -pair_loss.mean(dim=1)
+        if self.on_policy:
+            old_log_prob = log_prob.detach()
+        else:
+            old_log_prob = self._get(tensordict, "old_log_prob", "the behaviour policy's surrogates")
+        if advantage.shape != log_prob.shape or old_log_prob.shape != log_prob.shape:
+            raise ValueError(
+                f"advantage {tuple(advantage.shape)} and old_log_prob {tuple(old_log_prob.shape)} must be [B] = "
+                f"{tuple(log_prob.shape)}."
+            )
+        log_ratio = log_prob - old_log_prob
+        out = {
+            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
+            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
+            "surrogate": log_prob.detach().mean(),
+            **ratio_diagnostics(log_ratio),
+        }
+        if self.kl_coef is not None:
+            old_x_pred = self._get(tensordict, "old_x_pred", "the behaviour policy's x-predictions, for the KL")
+            kl = x_space_kl(x_pred, old_x_pred).mean()
+            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+        if self.ref_kl_coef is not None:
+            with torch.no_grad():
+                ref_x_pred = self.estimator.path.x_from_v(
+                    inputs.z, self.estimator.predict(self.ref_model, inputs), inputs.t
+                )
+            ref_kl = x_space_kl(x_pred, ref_x_pred).mean()
+            out.update(loss_ref_kl=self.ref_kl_coef * ref_kl, ref_kl=ref_kl.detach())
+        return TensorDict(out, batch_size=[])
+
+
+class FlowGRPOLoss(_PolicyLoss):
+    """Flow-GRPO: per-transition PPO on the SDE rollout (Liu et al., 2025).
+
+        ratio = exp(log p_theta(z' | z) - log p_old(z' | z)) of each stored SDE transition
+        L = -mean over transitions of min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)
+            + kl_coef * mean ||mu_theta - mu_ref||^2 / (2 std^2)
+
+    Args:
+        model: the trained velocity model.
+        clip_epsilon: Flow-GRPO uses 1e-4 with the ``"mean"`` log-prob reduction.
+        noise_level: ``a`` of the SDE (0.7); must equal the rollout's.
+        log_prob_reduction: ``"mean"`` over dimensions (anchor, default) or ``"sum"``; must equal the rollout's.
+        adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]`` (5).
+        ref_model, kl_coef: closed-form Gaussian KL to a frozen reference (beta 0.01-0.04 in the anchor).
+
+    Batch entries: one row per transition (any batch shape; it is flattened): ``z``, ``z_next`` ``[..., *D]``,
+    ``t``, ``t_next``, ``advantage``, ``old_log_prob`` ``[...]`` and ``cond`` with the same batch shape.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        z: str = "z"
+        z_next: str = "z_next"
+        t: str = "t"
+        t_next: str = "t_next"
+        cond: str = "cond"
+        advantage: str = "advantage"
+        old_log_prob: str = "old_log_prob"
+
+    _schedulable_buffers = frozenset({"clip_low", "clip_high", "kl_coef"})
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        clip_epsilon: float | tuple[float, float] = 1e-4,
+        noise_level: float = 0.7,
+        log_prob_reduction: str = "mean",
+        adv_clip: float = 5.0,
+        ref_model: torch.nn.Module | None = None,
+        kl_coef: float | None = None,
+        unconditional: bool = False,
+    ):
+        super().__init__()
+        if (ref_model is None) != (kl_coef is None):
+            raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
+        self.noise_level, self.log_prob_reduction, self.adv_clip = noise_level, log_prob_reduction, adv_clip
+        low, high = _clip_range(clip_epsilon)
+        self.register_buffer("clip_low", torch.tensor(low))
+        self.register_buffer("clip_high", torch.tensor(high))
+        self._register_coefficient("kl_coef", kl_coef)
+
+    @property
+    def in_keys(self):
+        keys = ["z", "z_next", "t", "t_next", "advantage", "old_log_prob"] + ([] if self.unconditional else ["cond"])
+        return [getattr(self.tensor_keys, k) for k in keys]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        batch = tensordict.reshape(-1)
+        z = self._get(batch, "z", "the SDE states")
+        z_next = self._get(batch, "z_next", "the sampled next states")
+        t, t_next = self._get(batch, "t", "the step times"), self._get(batch, "t_next", "the next step times")
+        advantage = self._get(batch, "advantage", "the advantages").clamp(-self.adv_clip, self.adv_clip)
+        old_log_prob = self._get(batch, "old_log_prob", "the rollout's transition log-probs")
+        cond = self._cond(batch)
+        mean, std = sde_step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
+        log_prob = gaussian_log_prob(z_next, mean, std, self.log_prob_reduction)
+        log_ratio = log_prob - old_log_prob
+        out = {
+            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
+            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
+            **ratio_diagnostics(log_ratio),
+        }
+        if self.kl_coef is not None:
+            with torch.no_grad():
+                ref_mean, _ = sde_step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
+            kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction).mean()
+            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+        return TensorDict(out, batch_size=[])
+
+
+class DiffusionNFTLoss(_PolicyLoss):
+    """DiffusionNFT: negative-aware fine-tuning on the forward process (Zheng et al., 2025).
+
+        r = clip(clip(A, -Amax, Amax) / (2 Amax) + 1/2, 0, 1)
+        v+ = (1 - b) v_old + b v_theta,      v- = (1 + b) v_old - b v_theta
+        L = (Amax / b) E_{t, eps}[ r l(v+) + (1 - r) l(v-) ]  +  kl_coef E ||v_theta - v_ref||^2
+
+    ``l`` is the estimator's per-pair loss (default x-space adaptive weighting, as in DiffusionNFT); the
+    ``Amax / b`` scale follows the official code. The old policy is a soft copy of the trained one, updated
+    after each iteration (see :func:`vgrpo_lib.control.ema_update_`).
+
+    Args:
+        model, old_model: the trained and the behaviour (old) velocity models.
+        estimator: noising and weighting; its pairs (fresh each step, ``sharing="none"``) are in the batch.
+        strength: ``b``, the implicit-policy mixing strength (1.0 GenEval, 0.1 OCR / multi-reward).
+        adv_max: ``Amax`` (5).
+        ref_model, kl_coef: velocity-MSE KL to a frozen base policy (official: 1e-4).
+
+    Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``pairs`` ``[B, K]``.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        sample: str = "sample"
+        cond: str = "cond"
+        advantage: str = "advantage"
+        pairs: str = "pairs"
+
+    _schedulable_buffers = frozenset({"kl_coef"})
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        old_model: torch.nn.Module,
+        estimator: ELBOSurrogate,
+        *,
+        strength: float = 1.0,
+        adv_max: float = 5.0,
+        ref_model: torch.nn.Module | None = None,
+        kl_coef: float | None = None,
+        unconditional: bool = False,
+    ):
+        super().__init__()
+        if (ref_model is None) != (kl_coef is None):
+            raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        if strength <= 0 or adv_max <= 0:
+            raise ValueError(f"strength and adv_max must be > 0, got {strength} and {adv_max}.")
+        self.model, self.old_model, self.ref_model, self.estimator = model, old_model, ref_model, estimator
+        self.strength, self.adv_max, self.unconditional = strength, adv_max, unconditional
+        self._register_coefficient("kl_coef", kl_coef)
+
+    @property
+    def in_keys(self):
+        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
+        return [getattr(self.tensor_keys, k) for k in keys]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        sample = self._get(tensordict, "sample", "the generated samples")
+        advantage = self._get(tensordict, "advantage", "the advantages")
+        pairs = self._get(tensordict, "pairs", "the timestep-noise pairs")
+        inputs = self.estimator.noised(sample, self._cond(tensordict), pairs)
+        v_theta = self.estimator.predict(self.model, inputs)
+        with torch.no_grad():
+            v_old = self.estimator.predict(self.old_model, inputs)
+        v_positive, v_negative = nft_implicit_velocities(v_theta, v_old, self.strength)
+        positive_loss, _ = self.estimator.pair_loss(v_positive, inputs)
+        negative_loss, _ = self.estimator.pair_loss(v_negative, inputs)
+        optimality = nft_optimality(advantage, self.adv_max)
+        if optimality.shape != (sample.shape[0],):
+            raise ValueError(f"advantage must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)}.")
+        per_pair = optimality[:, None] * positive_loss + (1.0 - optimality[:, None]) * negative_loss
+        out = {
+            "loss_objective": (self.adv_max / self.strength) * per_pair.mean(),
+            "positive_loss": positive_loss.detach().mean(),
+            "negative_loss": negative_loss.detach().mean(),
+            "optimality": optimality.mean(),
+        }
+        if self.kl_coef is not None:
+            with torch.no_grad():
+                v_ref = self.estimator.predict(self.ref_model, inputs)
+            kl = mean_over_data((v_theta - v_ref).square(), 2).mean()
+            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+        return TensorDict(out, batch_size=[])
+
+
+def total_loss(losses: TensorDictBase) -> torch.Tensor:
+    """Sum of the ``loss_*`` entries of a loss module's output (what a trainer backpropagates)."""
+    return sum(value for key, value in losses.items() if key.startswith("loss_"))

@@ -1,0 +1,113 @@
+"""Functional pieces of the policy objectives, on plain tensors (rlax-style: shapes in the docstrings).
+
+Everything here is differentiable where it should be and has no hidden state; the TorchRL loss modules in
+:mod:`vgrpo_lib.losses` are thin wrappers around these functions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vgrpo_lib._checks import choose
+from vgrpo_lib.weighting import mean_over_data
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def clipped_ratio_objective(
+    log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor
+) -> torch.Tensor:
+    """PPO's clipped surrogate loss, per element (to be averaged by the caller).
+
+        loss = -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A),   rho = exp(log_ratio)
+
+    Args:
+        log_ratio: ``[N]`` ``log pi_theta - log pi_old`` (V-GRPO: a difference of ELBO surrogates; Flow-GRPO:
+            of per-step SDE log-densities).
+        advantage: ``[N]`` (broadcastable), treated as a constant.
+        clip_low, clip_high: the asymmetric clip range ``[1 - clip_low, 1 + clip_high]`` (equal: symmetric).
+
+    With ``log_ratio == 0`` the value is ``-A`` and the gradient ``-A * grad log_ratio`` (REINFORCE).
+    """
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -torch.minimum(ratio * advantage, clipped * advantage)
+
+
+def clip_fraction(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
+    """Share of elements whose gradient the clip removes (ratio outside the range on the advantage's side)."""
+    ratio = torch.exp(log_ratio.detach())
+    clipped = ((ratio > 1.0 + clip_high) & (advantage > 0)) | ((ratio < 1.0 - clip_low) & (advantage < 0))
+    return clipped.float().mean()
+
+
+def soft_clip(advantage: torch.Tensor, eta: float) -> torch.Tensor:
+    """``eta * tanh(A / eta)``: V-GRPO's advantage soft-clipping (eta = 3), identity near 0, bounded by eta."""
+    if eta <= 0:
+        raise ValueError(f"soft-clip eta must be > 0, got {eta}.")
+    return eta * torch.tanh(advantage / eta)
+
+
+def kl_estimate(log_ratio_ref: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Schulman's estimators of ``KL(pi || pi_ref)`` from samples of ``pi``, per element.
+
+    ``log_ratio_ref = log pi_ref(o) - log pi(o)`` at samples ``o ~ pi``; with ``r = exp(log_ratio_ref)``:
+    ``k1 = -log r`` (unbiased, high variance), ``k2 = (log r)^2 / 2`` (biased, low variance),
+    ``k3 = (r - 1) - log r`` (unbiased, non-negative).
+    """
+    choose("KL estimator", estimator, KL_ESTIMATORS)
+    if estimator == "k1":
+        return -log_ratio_ref
+    if estimator == "k2":
+        return 0.5 * log_ratio_ref.square()
+    return torch.expm1(log_ratio_ref) - log_ratio_ref
+
+
+def x_space_kl(x_pred: torch.Tensor, x_pred_other: torch.Tensor, leading_ndim: int = 1) -> torch.Tensor:
+    """V-GRPO's simple KL ``D_i = mean_j ||x_hat_theta(z_tj) - x_hat_other(z_tj)||^2`` per sample ``[B]``.
+
+    Args:
+        x_pred, x_pred_other: ``[B, K, *D]`` data predictions of the two policies at the same stored pairs.
+    The squared distance is averaged over data dimensions (like the losses) and then over the K pairs.
+    """
+    if x_pred.shape != x_pred_other.shape:
+        raise ValueError(f"x-space KL needs equal shapes, got {tuple(x_pred.shape)} and {tuple(x_pred_other.shape)}.")
+    return mean_over_data((x_pred - x_pred_other).square(), leading_ndim + 1).mean(dim=leading_ndim)
+
+
+def gaussian_kl_same_std(mean: torch.Tensor, mean_other: torch.Tensor, std, reduction: str = "mean") -> torch.Tensor:
+    """Closed-form ``KL(N(mean, std^2 I) || N(mean_other, std^2 I)) = ||mean - mean_other||^2 / (2 std^2)`` -> ``[B]``.
+
+    ``reduction`` matches :func:`vgrpo_lib.sde.gaussian_log_prob`: ``"mean"`` over data dimensions (default) or
+    ``"sum"`` (the true KL).
+    """
+    choose("KL reduction", reduction, ("mean", "sum"))
+    per_dim = (mean - mean_other).square() / (2.0 * torch.as_tensor(std, dtype=mean.dtype, device=mean.device) ** 2)
+    reduced = mean_over_data(per_dim, 1)
+    return reduced * per_dim[0].numel() if reduction == "sum" else reduced
+
+
+def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Detached importance-ratio statistics: mean/min/max ratio, approx KL ``E[(rho - 1) - log rho]`` and the
+    normalised effective sample size ``(sum rho)^2 / (N sum rho^2)`` (1 = on-policy)."""
+    log_ratio = log_ratio.detach()
+    ratio = torch.exp(log_ratio)
+    return {
+        "ratio_mean": ratio.mean(),
+        "ratio_min": ratio.min(),
+        "ratio_max": ratio.max(),
+        "approx_kl": (torch.expm1(log_ratio) - log_ratio).mean(),
+        "ess": ratio.sum().square() / (ratio.numel() * ratio.square().sum()),
+    }
+
+
+def nft_optimality(advantage: torch.Tensor, adv_max: float) -> torch.Tensor:
+    """DiffusionNFT's optimality probability ``r = clip(clip(A, -Amax, Amax) / (2 Amax) + 1/2, 0, 1)``."""
+    return (advantage.clamp(-adv_max, adv_max) / (2.0 * adv_max) + 0.5).clamp(0.0, 1.0)
+
+
+def nft_implicit_velocities(v_theta: torch.Tensor, v_old: torch.Tensor, strength: float):
+    """DiffusionNFT's implicit positive and negative policies with mixing strength ``b``:
+    ``v+ = (1 - b) v_old + b v_theta``, ``v- = (1 + b) v_old - b v_theta``. ``v_old`` is treated as a constant."""
+    v_old = v_old.detach()
+    return (1.0 - strength) * v_old + strength * v_theta, (1.0 + strength) * v_old - strength * v_theta

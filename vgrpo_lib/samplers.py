@@ -1,0 +1,223 @@
+"""Rollout samplers for the velocity-model protocol ``model(z, t, cond) -> v``.
+
+In the style of k-diffusion: each sampler is a short function of ``(model, z, grid, cond)`` over an explicit
+time grid (a list of floats from 1 to 0, see :func:`time_grid`); nothing is stateful, nothing advances behind
+the caller's back. A ``callback(info)`` receives ``{"i", "t", "t_next", "z", "v"}`` at every step for
+recording. The grid is kept as Python floats so that no step forces a device sync.
+
+- :func:`sample_euler`, :func:`sample_heun` (2nd order), :func:`sample_dpmpp_2m` (DPM-Solver++(2M), data
+  prediction, multistep 2nd order): deterministic ODE solvers. V-GRPO and DiffusionNFT can use any of them,
+  since their objectives do not depend on the trajectory.
+- :func:`sample_sde`: the Flow-GRPO SDE, recording every stochastic transition with its log-density
+  (optionally only inside a window of steps: MixGRPO).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from vgrpo_lib._checks import check_positive_int, choose
+from vgrpo_lib.paths import Path, make_path
+from vgrpo_lib.sde import gaussian_log_prob, sde_step_mean_std
+
+Callback = Callable[[dict], None] | None
+
+
+def time_grid(num_steps: int, shift: float = 1.0, t_max: float = 1.0, t_min: float = 0.0) -> list[float]:
+    """``num_steps + 1`` decreasing times from ``t_max`` to ``t_min``, warped by the SD3 shift
+    ``s t / (1 + (s - 1) t)`` (``shift = 3`` for SD3 at 1024px; 1 = uniform)."""
+    check_positive_int("num_steps", num_steps)
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}.")
+    uniform = [t_max - (t_max - t_min) * i / num_steps for i in range(num_steps)] + [t_min]
+    return [shift * t / (1.0 + (shift - 1.0) * t) for t in uniform]
+
+
+def _check_grid(grid: Sequence[float]) -> list[float]:
+    grid = [float(t) for t in grid]
+    if len(grid) < 2 or any(b >= a for a, b in zip(grid, grid[1:])) or grid[0] > 1 or grid[-1] < 0:
+        raise ValueError("grid must be a strictly decreasing sequence of at least 2 times in [0, 1].")
+    return grid
+
+
+def _times(z: torch.Tensor, t: float) -> torch.Tensor:
+    return torch.full((z.shape[0],), t, device=z.device, dtype=z.dtype)
+
+
+def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
+    return model(z, _times(z, t), cond)
+
+
+def sample_euler(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+    """First-order ODE solver ``z <- z + (t_next - t) v``."""
+    grid = _check_grid(grid)
+    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
+        v = _velocity(model, z, t, cond)
+        if callback is not None:
+            callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
+        z = z + (t_next - t) * v
+    return z
+
+
+def sample_heun(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+    """Heun's second-order method (trapezoidal correction with a second model call per step)."""
+    grid = _check_grid(grid)
+    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
+        v = _velocity(model, z, t, cond)
+        if callback is not None:
+            callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
+        z_euler = z + (t_next - t) * v
+        z = z + (t_next - t) * 0.5 * (v + _velocity(model, z_euler, t_next, cond))
+    return z
+
+
+def _half_log_snr(a: float, b: float) -> float:
+    if a == 0.0:
+        return -math.inf
+    if b == 0.0:
+        return math.inf
+    return math.log(a / b)
+
+
+def sample_dpmpp_2m(
+    model,
+    z: torch.Tensor,
+    grid: Sequence[float],
+    cond=None,
+    callback: Callback = None,
+    path: str | Path = "rectified_flow",
+) -> torch.Tensor:
+    """DPM-Solver++(2M) (Lu et al., 2022) in data prediction, for any :class:`~vgrpo_lib.paths.Path`.
+
+    With ``lambda = log(a_t / b_t)`` and ``h = lambda_next - lambda``:
+    ``z_next = (b_next / b) z - a_next (exp(-h) - 1) D``, where ``D`` is the data prediction (first order) or
+    ``(1 + 1/(2r)) x_hat - 1/(2r) x_hat_prev`` with ``r = h_prev / h`` (second order). The first step, the last
+    step (``b_next = 0``) and any step after an infinite ``h`` use first order.
+    """
+    grid, path = _check_grid(grid), make_path(path)
+    times = torch.tensor(grid, dtype=torch.float64)
+    a, b = path.a(times).tolist(), path.b(times).tolist()
+    lam = [_half_log_snr(ai, bi) for ai, bi in zip(a, b)]
+    x_prev, h_prev = None, math.inf
+    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
+        v = _velocity(model, z, t, cond)
+        if callback is not None:
+            callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
+        x_hat = path.x_from_v(z, v, _times(z, t))
+        h = lam[i + 1] - lam[i]
+        if x_prev is None or math.isinf(h) or math.isinf(h_prev):
+            direction = x_hat
+        else:
+            r = h_prev / h
+            direction = (1.0 + 0.5 / r) * x_hat - (0.5 / r) * x_prev
+        z = (b[i + 1] / b[i]) * z - a[i + 1] * math.expm1(-h) * direction
+        x_prev, h_prev = x_hat, h
+    return z
+
+
+ODE_SOLVERS = {"euler": sample_euler, "heun": sample_heun, "dpmpp_2m": sample_dpmpp_2m}
+
+
+def sample_ode(model, noise: torch.Tensor, cond, grid: Sequence[float], method: str = "euler", callback: Callback = None):
+    """Integrate the probability-flow ODE from ``noise`` at ``grid[0]`` to ``grid[-1]`` with a named solver."""
+    solver = ODE_SOLVERS[choose("ODE solver", method, ODE_SOLVERS)]
+    return solver(model, noise, grid, cond, callback=callback)
+
+
+def nfe_per_sample(method: str, num_steps: int) -> int:
+    """Model evaluations one sample costs with a named solver (Heun: two per step)."""
+    return 2 * num_steps if choose("ODE solver", method, ODE_SOLVERS) == "heun" else num_steps
+
+
+def sample_sde(
+    model,
+    z: torch.Tensor,
+    grid: Sequence[float],
+    cond=None,
+    *,
+    noise_level: float = 0.7,
+    sde_steps: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+    log_prob_reduction: str = "mean",
+) -> tuple[torch.Tensor, TensorDict]:
+    """Flow-GRPO rollout: SDE steps (recorded) where ``sde_steps`` says, Euler ODE steps elsewhere.
+
+    Args:
+        sde_steps: indices of the stochastic steps (default: all). MixGRPO passes a sliding window.
+        log_prob_reduction: see :func:`vgrpo_lib.sde.gaussian_log_prob`.
+
+    Returns:
+        The final sample ``(B, *D)`` and a TensorDict of batch size ``(B, S)`` for the S recorded steps with
+        ``"z"``, ``"z_next"`` ``(B, S, *D)``, ``"t"``, ``"t_next"`` ``(B, S)`` and ``"log_prob"`` ``(B, S)``
+        (the behaviour policy's log-density of each transition: Flow-GRPO's old log-probs).
+    """
+    grid = _check_grid(grid)
+    num_steps = len(grid) - 1
+    stochastic = set(range(num_steps)) if sde_steps is None else set(sde_steps)
+    if not stochastic or not stochastic <= set(range(num_steps)):
+        raise ValueError(f"sde_steps must be a non-empty subset of 0..{num_steps - 1}, got {sorted(stochastic)}.")
+    records = []
+    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
+        v = _velocity(model, z, t, cond)
+        if i not in stochastic:
+            z = z + (t_next - t) * v
+            continue
+        mean, std = sde_step_mean_std(z, v, _times(z, t), _times(z, t_next), noise_level)
+        z_next = mean + std * torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
+        log_prob = gaussian_log_prob(z_next, mean, std, log_prob_reduction)
+        records.append((z, z_next, t, t_next, log_prob))
+        z = z_next
+    batch = z.shape[0]
+    zs, z_nexts, ts, t_nexts, log_probs = zip(*records)
+    time = lambda values: torch.tensor(values, device=z.device, dtype=z.dtype).expand(batch, -1)  # noqa: E731
+    trajectory = TensorDict(
+        {
+            "z": torch.stack(zs, 1),
+            "z_next": torch.stack(z_nexts, 1),
+            "t": time(ts),
+            "t_next": time(t_nexts),
+            "log_prob": torch.stack(log_probs, 1),
+        },
+        batch_size=[batch, len(records)],
+    )
+    return z, trajectory
+
+
+class ClassifierFreeGuidance(nn.Module):
+    """Wrap a conditional velocity model as ``v_u + scale (v_c - v_u)``, cond and uncond in one batched forward.
+
+    ``null_cond`` is a callable ``cond -> unconditional cond`` with the same batch size (e.g. a tensor of
+    null prompt ids).
+    """
+
+    def __init__(self, model: nn.Module, null_cond: Callable, scale: float):
+        super().__init__()
+        self.model, self.null_cond, self.scale = model, null_cond, scale
+
+    def forward(self, z, t, cond):
+        both = self.model(torch.cat([z, z]), torch.cat([t, t]), torch.cat([cond, self.null_cond(cond)]))
+        v_cond, v_uncond = both.chunk(2)
+        return v_uncond + self.scale * (v_cond - v_uncond)
+
+
+def classifier_free_guidance(model: nn.Module, null_cond: Callable, scale: float) -> nn.Module:
+    """``scale = 1`` returns ``model`` itself (no extra forward); otherwise a :class:`ClassifierFreeGuidance`."""
+    return model if scale == 1.0 else ClassifierFreeGuidance(model, null_cond, scale)
+
+
+__all__ = [
+    "time_grid",
+    "sample_euler",
+    "sample_heun",
+    "sample_dpmpp_2m",
+    "sample_ode",
+    "sample_sde",
+    "nfe_per_sample",
+    "classifier_free_guidance",
+    "ClassifierFreeGuidance",
+]

@@ -1,0 +1,129 @@
+"""Timestep samplers for Monte-Carlo estimates of the denoising loss.
+
+Every sampler is a distribution on ``[0, 1]`` given by its inverse CDF, so stratification composes with any
+density: with ``stratified=True`` the K uniforms of one set are drawn one per stratum,
+``u_k ~ U[k/K, (k+1)/K)``, and mapped through the inverse CDF, so ``t[..., k]`` lies in the k-th
+K-quantile of the density (for :class:`Uniform` on ``[0, 1]``, in ``[k/K, (k+1)/K)``). Stratification keeps
+the estimator unbiased and never increases its variance (V-GRPO, method.md "variance reduction" 2).
+
+A sampler is called as ``sampler(num_sets, num_pairs, generator=..., device=..., dtype=...)`` and returns
+``t`` of shape ``(num_sets, num_pairs)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vgrpo_lib._checks import check_positive_int, choose
+
+
+class TimestepSampler:
+    """Base class: ``stratified`` switches between i.i.d. and one-per-stratum uniforms."""
+
+    def __init__(self, stratified: bool = False):
+        self.stratified = stratified
+
+    def icdf(self, u: torch.Tensor) -> torch.Tensor:
+        """Map uniforms in ``[0, 1)`` to timesteps."""
+        raise NotImplementedError
+
+    def uniforms(self, num_sets, num_pairs, *, generator=None, device=None, dtype=torch.float32):
+        check_positive_int("num_pairs", num_pairs)
+        u = torch.rand((num_sets, num_pairs), generator=generator, device=device, dtype=dtype)
+        if self.stratified:
+            offsets = torch.arange(num_pairs, device=device, dtype=dtype)
+            u = (offsets + u) / num_pairs
+        return u
+
+    def __call__(self, num_sets: int, num_pairs: int, *, generator=None, device=None, dtype=torch.float32):
+        return self.icdf(self.uniforms(num_sets, num_pairs, generator=generator, device=device, dtype=dtype))
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+class Uniform(TimestepSampler):
+    """``t ~ U[t_min, t_max]``."""
+
+    def __init__(self, t_min: float = 0.0, t_max: float = 1.0, stratified: bool = False):
+        super().__init__(stratified)
+        if not 0.0 <= t_min < t_max <= 1.0:
+            raise ValueError(f"Need 0 <= t_min < t_max <= 1, got t_min={t_min}, t_max={t_max}.")
+        self.t_min, self.t_max = t_min, t_max
+
+    def icdf(self, u):
+        return self.t_min + (self.t_max - self.t_min) * u
+
+
+class LogitNormal(TimestepSampler):
+    """``t = sigmoid(m + s * n)``, ``n ~ N(0, 1)``: the SD3 training density (Esser et al., 2024)."""
+
+    def __init__(self, mean: float = 0.0, std: float = 1.0, stratified: bool = False):
+        super().__init__(stratified)
+        if std <= 0:
+            raise ValueError(f"LogitNormal std must be > 0, got {std}.")
+        self.mean, self.std = mean, std
+
+    def icdf(self, u):
+        tiny = torch.finfo(u.dtype).eps
+        n = torch.special.ndtri(u.clamp(tiny, 1.0 - tiny))
+        return torch.sigmoid(self.mean + self.std * n)
+
+
+class Shifted(TimestepSampler):
+    """Uniform timesteps warped by the SD3/FLUX resolution shift ``t' = s t / (1 + (s - 1) t)``."""
+
+    def __init__(self, shift: float = 3.0, stratified: bool = False):
+        super().__init__(stratified)
+        if shift <= 0:
+            raise ValueError(f"shift must be > 0, got {shift}.")
+        self.shift = shift
+
+    def icdf(self, u):
+        return shift_time(u, self.shift)
+
+
+class DiscreteGrid(TimestepSampler):
+    """Timesteps drawn from a fixed grid (e.g. the rollout sampler's shifted sigmas), uniformly over its points.
+
+    With ``stratified=True`` the grid indices are split into K contiguous strata, one draw in each.
+    """
+
+    def __init__(self, grid: Sequence[float] | torch.Tensor, stratified: bool = True):
+        super().__init__(stratified)
+        grid = torch.as_tensor(grid, dtype=torch.float64).flatten()
+        if grid.numel() == 0 or bool(((grid < 0) | (grid > 1)).any()):
+            raise ValueError("DiscreteGrid needs a non-empty grid of timesteps in [0, 1].")
+        self.grid = grid
+
+    def icdf(self, u):
+        n = self.grid.numel()
+        index = (u * n).long().clamp_(0, n - 1)
+        return self.grid.to(device=u.device, dtype=u.dtype)[index]
+
+
+def shift_time(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """The SD3 time shift ``s t / (1 + (s - 1) t)`` (``shift = 1`` is the identity)."""
+    return shift * t / (1.0 + (shift - 1.0) * t)
+
+
+TIMESTEP_SAMPLERS = {
+    "uniform": lambda: Uniform(),
+    "stratified": lambda: Uniform(stratified=True),
+    "logit_normal": lambda: LogitNormal(),
+    "stratified_logit_normal": lambda: LogitNormal(stratified=True),
+    "shifted": lambda: Shifted(),
+}
+
+
+def make_timestep_sampler(spec: str | TimestepSampler) -> TimestepSampler:
+    """A sampler from its name (see ``TIMESTEP_SAMPLERS``) or pass an instance through.
+
+    For a discrete grid build :class:`DiscreteGrid` directly with the rollout's grid.
+    """
+    if isinstance(spec, TimestepSampler):
+        return spec
+    return TIMESTEP_SAMPLERS[choose("timestep sampler", spec, TIMESTEP_SAMPLERS)]()
