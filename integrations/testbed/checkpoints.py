@@ -1,0 +1,99 @@
+"""Shipped checkpoints of the testbed: half-precision safetensors weights plus a JSON model card.
+
+A checkpoint ``NAME`` is two files in ``integrations/testbed/checkpoints/``:
+
+* ``NAME.safetensors``: the state dict stored in float16 (the files stay a few MB);
+* ``NAME.json``: ``{"name", "kind", "config", "card"}``: the model class, its constructor config
+  and the model card (data, steps, seed, wall time, measured metrics).
+
+``load_pretrained(NAME)`` rebuilds the model in float32 and eval mode. Written by
+``python -m integrations.testbed.pretrain``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from integrations.testbed.models import build_model
+
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+
+POLICY_NAMES = ("digit_policy", "pair_policy", "digits8_policy")
+FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge")
+CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR) -> None:
+    """Write ``NAME.safetensors`` (float16 weights) and ``NAME.json`` (kind, config, card) atomically."""
+    state = {k: v.detach().to(torch.float16).contiguous() if v.is_floating_point() else v.contiguous()
+             for k, v in model.state_dict().items()}
+    meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
+    _atomic_write(Path(directory) / f"{name}.safetensors", lambda tmp: save_file(state, tmp))
+
+    def write_json(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            json.dump(meta, fh, indent=2)
+            fh.write("\n")
+
+    _atomic_write(Path(directory) / f"{name}.json", write_json)
+
+
+def read_card(name: str, directory: Path = CHECKPOINT_DIR) -> dict:
+    """The JSON metadata of checkpoint ``name``: ``{"name", "kind", "config", "card"}``."""
+    _check_name(name)
+    path = Path(directory) / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"checkpoint {name!r} is missing ({path}); build it with `python -m integrations.testbed.pretrain {name}`"
+        )
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _check_name(name: str) -> None:
+    if name not in CHECKPOINT_NAMES:
+        raise ValueError(f"unknown checkpoint {name!r}; valid names: {', '.join(CHECKPOINT_NAMES)}")
+
+
+def load_pretrained(name: str, directory: Path = CHECKPOINT_DIR) -> nn.Module:
+    """A fresh float32 copy of shipped checkpoint ``name`` in eval mode.
+
+    Policies (``*_policy``) come back with gradients enabled, ready to fine-tune; classifiers and
+    judges come back frozen (``requires_grad=False``). Each call returns a new module, so callers
+    may modify it freely. Raises ``ValueError`` for an unknown name, ``FileNotFoundError`` when
+    the files are missing and ``RuntimeError`` when the weights do not match the stored config.
+    """
+    meta = read_card(name, directory)
+    model = build_model(meta["kind"], meta["config"])
+    path = Path(directory) / f"{name}.safetensors"
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors raises several types for truncated or corrupted files
+        raise RuntimeError(f"cannot read checkpoint weights {path}: {exc}") from exc
+    state = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in state.items()}
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    if name in FROZEN_NAMES:
+        model.requires_grad_(False)
+    return model

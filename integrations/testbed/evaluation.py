@@ -1,0 +1,120 @@
+"""Evaluation of generated testbed images: reward, accuracy, the reward-hacking gap, diversity.
+
+``evaluate(images, prompts, task)`` scores a batch against a task:
+
+* ``reward_mean`` (and ``reward/<name>`` for every component of a weighted multi-reward);
+* ``accuracy``: share of images whose every slot the *training* classifier reads as the prompted
+  digit; ``slot_accuracy``: share of correct single digits (equal to ``accuracy`` for one slot);
+  ``accuracy_per_prompt``: ``{"3": acc}`` or ``{"3,7": acc}`` for the prompts present;
+* ``judge_accuracy``: the same with the independent judge (different family, disjoint data), and
+  ``judge_gap = accuracy - judge_accuracy``. A policy that learns to please the classifier rather
+  than to draw digits opens this gap;
+* ``diversity``: mean pairwise RMS pixel distance between images of the same prompt, averaged over
+  prompts with at least two images (NaN when there are none). Mode collapse drives it to 0.
+
+``sample_grid_png`` writes a grid of images as a PNG, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from integrations.testbed.rewards import WeightedReward, slot_logits
+
+if TYPE_CHECKING:
+    from integrations.testbed.tasks import Task
+
+
+def _prompt_key(row: torch.Tensor) -> str:
+    return ",".join(str(int(v)) for v in row.reshape(-1))
+
+
+@torch.no_grad()
+def diversity(images: torch.Tensor, prompts: torch.Tensor) -> float:
+    """Mean pairwise RMS distance ``sqrt(mean_pixels (a - b)^2)`` between images sharing a prompt.
+
+    ``images`` ``(B, ...)``, ``prompts`` ``(B,)`` or ``(B, S)``. Each prompt with >= 2 images gives the
+    mean over its distinct pairs; the result averages those per-prompt means (NaN if no prompt repeats).
+    """
+    flat = images.reshape(images.shape[0], -1)
+    keys = prompts.reshape(prompts.shape[0], -1)
+    _, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    per_prompt = []
+    for group in inverse.unique():
+        members = flat[inverse == group]
+        n = members.shape[0]
+        if n < 2:
+            continue
+        dist = torch.cdist(members, members) / flat.shape[1] ** 0.5
+        per_prompt.append(dist.sum() / (n * (n - 1)))
+    return torch.stack(per_prompt).mean().item() if per_prompt else float("nan")
+
+
+@torch.no_grad()
+def evaluate(images: torch.Tensor, prompts: torch.Tensor, task: Task) -> dict:
+    """Score ``images`` ``(B, *task.image_shape)`` in ``[0, 1]`` generated for ``prompts`` (``task``'s prompt
+    shape) and return a flat dict of floats (plus ``accuracy_per_prompt``, a dict); see the module doc."""
+    task.check_batch(images, prompts)
+    reward = task.reward()
+    out: dict = {"num_samples": images.shape[0], "reward_mean": reward(images, prompts).mean().item()}
+    if isinstance(reward, WeightedReward):
+        for name, values in reward.components(images, prompts).items():
+            out[f"reward/{name}"] = values.mean().item()
+    logits, slots = slot_logits(task.classifier(), images, prompts)
+    correct_slots = logits.argmax(-1) == slots
+    correct = correct_slots.all(-1)
+    judge_logits, _ = slot_logits(task.judge(), images, prompts)
+    judge_correct = (judge_logits.argmax(-1) == slots).all(-1)
+    out["accuracy"] = correct.float().mean().item()
+    out["slot_accuracy"] = correct_slots.float().mean().item()
+    out["judge_accuracy"] = judge_correct.float().mean().item()
+    out["judge_gap"] = out["accuracy"] - out["judge_accuracy"]
+    out["diversity"] = diversity(images, prompts)
+    unique, inverse = torch.unique(slots, dim=0, return_inverse=True)
+    hits = torch.zeros(len(unique)).index_add_(0, inverse, correct.float())
+    counts = torch.zeros(len(unique)).index_add_(0, inverse, torch.ones(len(inverse)))
+    out["accuracy_per_prompt"] = {_prompt_key(u): (h / c).item() for u, h, c in zip(unique, hits, counts)}
+    return out
+
+
+def sample_grid_png(images: torch.Tensor, path: str | os.PathLike, nrow: int = 10, padding: int = 2) -> Path:
+    """Write ``images`` ``(N, 1, H, W)`` in ``[0, 1]`` as a grayscale grid PNG with ``nrow`` images per row.
+
+    The file appears atomically (written to a temporary file in the same folder, then renamed), so a
+    reader never sees a half-written image. Returns the path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    if images.ndim != 4 or images.shape[1] != 1 or images.shape[0] == 0:
+        raise ValueError(f"images must be a non-empty (N, 1, H, W) tensor, got {tuple(images.shape)}")
+    if nrow < 1:
+        raise ValueError(f"nrow must be >= 1, got {nrow}")
+    n, _, h, w = images.shape
+    ncol = min(nrow, n)
+    rows = -(-n // ncol)
+    grid = torch.full((rows * (h + padding) + padding, ncol * (w + padding) + padding), 0.5)
+    for i, img in enumerate(images.detach().float().clamp(0, 1).cpu()):
+        r, c = divmod(i, ncol)
+        top, left = padding + r * (h + padding), padding + c * (w + padding)
+        grid[top : top + h, left : left + w] = img[0]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        plt.imsave(tmp, grid.numpy(), cmap="gray", vmin=0.0, vmax=1.0, format="png")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
