@@ -1,0 +1,53 @@
+"""Loading pretrained weights by hub name or local path, and saying clearly when they are missing.
+
+Reward models (and the SD3 / FLUX presets) load with `from_pretrained(name_or_path)`. When the
+weights are neither a local directory nor in the Hugging Face cache and the machine is offline
+(`HF_HUB_OFFLINE=1`) or has no network, the libraries raise a variety of OSError subclasses whose
+messages mention connection errors. `load_weights` turns all of them into one
+`MissingWeightsError` naming the model, what it is needed for, and how to get it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class MissingWeightsError(RuntimeError):
+    """Pretrained weights are needed and are not available locally (and cannot be downloaded)."""
+
+
+def offline() -> bool:
+    """True when the Hugging Face hub is switched off (`HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE`)."""
+    return any(os.environ.get(var, "").strip().lower() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def resolve_local_files_only(local_files_only: bool | None) -> bool:
+    """An explicit choice wins; otherwise load only local files when the hub is switched off."""
+    return offline() if local_files_only is None else local_files_only
+
+
+def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
+    """Run `load()` and translate a missing-file error into `MissingWeightsError`.
+
+    Args:
+        load: a zero-argument callable doing the actual `from_pretrained` / `hf_hub_download`.
+        name: the hub name or path being loaded (quoted in the message).
+        purpose: what the weights are for, e.g. "the PickScore reward model".
+    """
+    try:
+        return load()
+    except OSError as err:
+        mode = "offline (HF_HUB_OFFLINE=1)" if offline() else "without the files in the local Hugging Face cache"
+        raise MissingWeightsError(
+            f"{purpose} needs the pretrained weights of '{name}', which could not be loaded {mode}. "
+            f"Download them once on a machine with network access (`hf download {name}`, or "
+            f"`huggingface-cli download {name}` with older hubs) and point HF_HOME at that cache, or pass a "
+            f"local directory holding the weights. Underlying error: {type(err).__name__}: {err}"
+        ) from err
+

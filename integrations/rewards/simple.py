@@ -1,0 +1,123 @@
+"""Rewards without learned weights: OCR text accuracy and JPEG compressibility.
+
+Both run on the CPU per image (rapidocr and PIL have no batched GPU path); images are moved to the
+CPU once as one uint8 batch and the scores are returned on the images' device.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import torch
+from PIL import Image
+
+from .base import Reward, register_reward
+
+
+def to_uint8_hwc(images: torch.Tensor):
+    """(B, 3, H, W) in [0, 1] -> numpy uint8 (B, H, W, 3), the layout PIL and OCR engines expect."""
+    return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+@register_reward("jpeg_compressibility")
+class JPEGCompressibility(Reward):
+    """DDPO's compressibility reward: minus the JPEG file size in kB (quality 95).
+
+    Flat, low-detail images compress well and score high; noise scores low. Used in DDPO as a
+    reward that is trivially verifiable and easy to hack, which makes it a good sanity task.
+    """
+
+    def __init__(self, quality: int = 95):
+        super().__init__()
+        self.quality = quality
+
+    def score(self, images, prompts):
+        sizes = []
+        for array in to_uint8_hwc(images):
+            buffer = io.BytesIO()
+            Image.fromarray(array).save(buffer, format="JPEG", quality=self.quality)
+            sizes.append(buffer.tell() / 1000.0)
+        return -torch.tensor(sizes, device=images.device)
+
+
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”|\'([^\']+)\'')
+
+
+def quoted_text(prompt: str) -> str | None:
+    """The text to render, taken from the first quoted span of the prompt ("...", “...” or '...')."""
+    match = _QUOTED.search(prompt)
+    if match is None:
+        return None
+    return next(group for group in match.groups() if group is not None)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions all cost 1)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def _normalise(text: str) -> str:
+    return "".join(text.split()).lower()
+
+
+def text_similarity(recognised: str, target: str) -> float:
+    """Flow-GRPO's OCR score: 1 - min(edit_distance, len(target)) / len(target), after removing
+    whitespace and lower-casing both strings; 1.0 is an exact match, 0.0 nothing right."""
+    recognised, target = _normalise(recognised), _normalise(target)
+    if not target:
+        return 1.0 if not recognised else 0.0
+    return 1.0 - min(edit_distance(recognised, target), len(target)) / len(target)
+
+
+@register_reward("ocr")
+class OCRReward(Reward):
+    """Text-rendering accuracy: how well the image shows the prompt's quoted text.
+
+    The text recognised by rapidocr-onnxruntime (detection + recognition ONNX models shipped in its
+    wheel, run on the CPU, offline) is concatenated in reading order and compared with the target
+    by `text_similarity`. The target is the first quoted span of the prompt, or, when a prompt has
+    no quotes, the whole prompt (set `require_quotes=True` to make that an error instead).
+
+    Args:
+        engine: an OCR callable `engine(uint8 HWC array) -> (results, elapsed)` in rapidocr's format;
+            default: a new `rapidocr_onnxruntime.RapidOCR()`.
+        require_quotes: raise on prompts without a quoted target.
+    """
+
+    def __init__(self, engine=None, require_quotes: bool = False):
+        super().__init__()
+        if engine is None:
+            from rapidocr_onnxruntime import RapidOCR
+
+            engine = RapidOCR()
+        self.engine = engine
+        self.require_quotes = require_quotes
+
+    def recognise(self, images: torch.Tensor) -> list[str]:
+        """The text found in each image, boxes joined top-to-bottom, left-to-right."""
+        texts = []
+        for array in to_uint8_hwc(images):
+            results, _ = self.engine(array)
+            boxes = sorted(results or [], key=lambda r: (min(p[1] for p in r[0]), min(p[0] for p in r[0])))
+            texts.append("".join(r[1] for r in boxes))
+        return texts
+
+    def target(self, prompt: str) -> str:
+        text = quoted_text(prompt)
+        if text is None:
+            if self.require_quotes:
+                raise ValueError(f"OCR reward: no quoted target text in prompt {prompt!r}")
+            return prompt
+        return text
+
+    def score(self, images, prompts):
+        recognised = self.recognise(images)
+        scores = [text_similarity(found, self.target(p)) for found, p in zip(recognised, prompts)]
+        return torch.tensor(scores, device=images.device)

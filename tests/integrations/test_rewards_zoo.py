@@ -1,0 +1,304 @@
+"""The reward zoo on tiny random models built locally and loaded through the real loaders (no downloads)."""
+
+import json
+import string
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import (BertTokenizer, BlipConfig, BlipImageProcessor, BlipVisionModel, CLIPConfig,  # noqa: E402
+                          CLIPImageProcessor, CLIPModel, CLIPTokenizer)
+from transformers.models.blip.modeling_blip_text import BlipTextModel  # noqa: E402
+
+from integrations.rewards import (CLIPScore, Detection, GenEvalReward, HPSv21, ImageReward,  # noqa: E402
+                                  JPEGCompressibility, LAIONAesthetic, MissingWeightsError, MultiReward, PickScore,
+                                  ScoreMLP, available_rewards, get_reward, text_similarity)
+from integrations.rewards.preprocess import ImagePreprocessor  # noqa: E402
+
+PROMPTS = ['a sign that says "hello"', "a photo of a cat", "an apple", "two dogs"]
+
+
+def _images(batch=4, size=40, seed=0):
+    return torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def _write_clip_tokenizer(path):
+    """A byte-level CLIP tokenizer with no merges (every character one token), 514 ids."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    chars = ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(chars))}
+    vocab.update({c + "</w>": len(vocab) + i for i, c in enumerate(sorted(chars))})
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = CLIPTokenizer.from_pretrained(path, model_max_length=16)
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+def _tiny_clip_dir(path, seed=0):
+    """A tiny random CLIPModel with its tokenizer and image processor, saved like a hub repo."""
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = _write_clip_tokenizer(path)
+    torch.manual_seed(seed)
+    config = CLIPConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=8,
+    )
+    CLIPModel(config).save_pretrained(path)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    return _tiny_clip_dir(tmp_path_factory.mktemp("clip"))
+
+
+def _check_scores(scores, batch=4):
+    assert scores.shape == (batch,)
+    assert scores.dtype == torch.float32
+    assert torch.isfinite(scores).all()
+
+
+def test_pickscore_loads_and_matches_the_clip_logits(clip_dir):
+    reward = PickScore.from_pretrained(clip_dir, clip_dir)
+    images = _images()
+    scores = reward(images, PROMPTS)
+    _check_scores(scores)
+    model = CLIPModel.from_pretrained(clip_dir)
+    pixels = reward.preprocess(images)
+    tokens = reward.tokenizer(PROMPTS, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+    logits = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, pixel_values=pixels).logits_per_image
+    torch.testing.assert_close(scores, logits.diagonal(), rtol=1e-5, atol=1e-5)
+
+
+def test_clipscore_and_aesthetic_load_from_local_dirs(clip_dir, tmp_path):
+    _check_scores(CLIPScore.from_pretrained(clip_dir)(_images(), PROMPTS))
+    assert (CLIPScore.from_pretrained(clip_dir)(_images(), PROMPTS) >= 0).all()
+    head = tmp_path / "aesthetic.pth"
+    torch.save(ScoreMLP(8).state_dict(), head)
+    reward = LAIONAesthetic.from_pretrained(clip_dir, head=str(head))
+    scores = reward(_images(), PROMPTS)
+    _check_scores(scores)
+    assert torch.equal(scores, reward(_images(), ["unused"] * 4)), "the aesthetic score ignores the prompt"
+
+
+def _to_open_clip(model: CLIPModel) -> dict:
+    """Write a transformers CLIPModel in open_clip's key layout (the inverse of the HPS loader's renaming)."""
+    out = {"logit_scale": model.logit_scale.detach().clone()}
+    towers = {"text_model": "", "vision_model": "visual."}
+    for hf_name, value in model.state_dict().items():
+        value = value.clone()
+        if hf_name == "text_projection.weight":
+            out["text_projection"] = value.t()
+        elif hf_name == "visual_projection.weight":
+            out["visual.proj"] = value.t()
+        elif ".encoder.layers." in hf_name:
+            tower, rest = hf_name.split(".encoder.layers.")
+            layer, name = rest.split(".", 1)
+            block = f"{towers[tower]}transformer.resblocks.{layer}."
+            if name.startswith("self_attn.q_proj"):
+                kind = name.rsplit(".", 1)[1]
+                qkv = [model.state_dict()[f"{tower}.encoder.layers.{layer}.self_attn.{p}_proj.{kind}"] for p in "qkv"]
+                out[f"{block}attn.in_proj_{kind}"] = torch.cat(qkv)
+            elif not name.startswith(("self_attn.k_proj", "self_attn.v_proj")):
+                for hf_part, oc_part in (("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"),
+                                         ("self_attn.out_proj", "attn.out_proj"), ("mlp.fc1", "mlp.c_fc"),
+                                         ("mlp.fc2", "mlp.c_proj")):
+                    name = name.replace(hf_part, oc_part)
+                out[block + name] = value
+    top = {
+        "text_model.embeddings.token_embedding.weight": "token_embedding.weight",
+        "text_model.embeddings.position_embedding.weight": "positional_embedding",
+        "text_model.final_layer_norm.weight": "ln_final.weight", "text_model.final_layer_norm.bias": "ln_final.bias",
+        "vision_model.embeddings.class_embedding": "visual.class_embedding",
+        "vision_model.embeddings.position_embedding.weight": "visual.positional_embedding",
+        "vision_model.embeddings.patch_embedding.weight": "visual.conv1.weight",
+        "vision_model.pre_layrnorm.weight": "visual.ln_pre.weight", "vision_model.pre_layrnorm.bias": "visual.ln_pre.bias",
+        "vision_model.post_layernorm.weight": "visual.ln_post.weight",
+        "vision_model.post_layernorm.bias": "visual.ln_post.bias",
+    }
+    out.update({oc: model.state_dict()[hf].clone() for hf, oc in top.items()})
+    return out
+
+
+def test_hpsv21_loads_an_open_clip_checkpoint_and_scores_the_cosine(clip_dir, tmp_path):
+    reference = CLIPModel.from_pretrained(clip_dir)
+    checkpoint = tmp_path / "HPS_v2.1_compressed.pt"
+    torch.save({"state_dict": _to_open_clip(reference)}, checkpoint)
+    reward = HPSv21.from_pretrained(str(checkpoint), base=clip_dir)
+    for name, value in reference.state_dict().items():
+        if "position_ids" not in name:
+            torch.testing.assert_close(reward.model.state_dict()[name], value, rtol=0, atol=0, msg=name)
+    scores = reward(_images(), PROMPTS)
+    _check_scores(scores)
+    assert (scores.abs() <= 1 + 1e-5).all(), "HPSv2.1 is a cosine similarity"
+
+
+def _tiny_blip_dir(path):
+    path.mkdir(parents=True, exist_ok=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "[ENC]"] + list(string.ascii_lowercase + string.digits)
+    (path / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizer(str(path / "vocab.txt"), bos_token="[DEC]").save_pretrained(path)
+    config = BlipConfig(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        text_config=dict(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, encoder_hidden_size=16, max_position_embeddings=40,
+                         bos_token_id=5, sep_token_id=3, pad_token_id=0),
+    )
+    config.save_pretrained(path)
+    BlipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return config
+
+
+def test_imagereward_loads_the_original_checkpoint_layout(tmp_path):
+    config = _tiny_blip_dir(tmp_path / "blip")
+    torch.manual_seed(0)
+    vision = BlipVisionModel(config.vision_config)
+    text = BlipTextModel(config.text_config, add_pooling_layer=False)
+    head = ScoreMLP(16)
+    original = {f"mlp.{k}": v for k, v in head.state_dict().items()}
+    original.update({f"blip.text_encoder.{k}": v for k, v in text.state_dict().items()})
+    vision_names = {"embeddings.class_embedding": "cls_token", "embeddings.position_embedding": "pos_embed",
+                    "embeddings.patch_embedding": "patch_embed.proj", "post_layernorm": "norm",
+                    "encoder.layers": "blocks", "layer_norm1": "norm1", "layer_norm2": "norm2",
+                    "self_attn.qkv": "attn.qkv", "self_attn.projection": "attn.proj"}
+    for key, value in vision.state_dict().items():
+        for hf, orig in vision_names.items():
+            key = key.replace(hf, orig)
+        original[f"blip.visual_encoder.{key}"] = value
+    original["blip.itm_head.weight"] = torch.zeros(2, 16)
+    torch.save(original, tmp_path / "ImageReward.pt")
+
+    reward = ImageReward.from_pretrained(str(tmp_path / "ImageReward.pt"), blip=str(tmp_path / "blip"), image_size=32)
+    torch.testing.assert_close(reward.vision_model.state_dict()["embeddings.class_embedding"],
+                               vision.state_dict()["embeddings.class_embedding"])
+    scores = reward(_images(), PROMPTS)
+    _check_scores(scores)
+    assert not torch.allclose(scores, reward(_images(), ["zzz", "yyy", "xxx", "www"])), "the prompt matters"
+
+
+def test_preprocessor_reads_the_processor_config_and_normalises():
+    processor = CLIPImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 20, "width": 20})
+    prep = ImagePreprocessor.from_image_processor(processor)
+    out = prep(torch.full((2, 3, 48, 64), 0.5))
+    assert out.shape == (2, 3, 20, 20)
+    expected = (0.5 - torch.tensor(processor.image_mean)) / torch.tensor(processor.image_std)
+    torch.testing.assert_close(out[0, :, 5, 5], expected)
+
+
+def test_jpeg_compressibility_prefers_a_flat_image_over_noise():
+    flat = torch.full((1, 3, 64, 64), 0.5)
+    noise = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    scores = JPEGCompressibility()(torch.cat([flat, noise]), ["", ""])
+    _check_scores(scores, 2)
+    assert scores[0] > scores[1] and (scores < 0).all()
+
+
+def _render(text, size=64):
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=size)
+        image = Image.new("RGB", (size * 4, size * 2), "white")
+        ImageDraw.Draw(image).text((size // 2, size // 3), text, fill="black", font=font)
+    except TypeError:  # Pillow < 10.1: only the small bitmap font, rendered small and scaled up.
+        image = Image.new("RGB", (64, 32), "white")
+        ImageDraw.Draw(image).text((8, 10), text, fill="black")
+        image = image.resize((size * 4, size * 2), Image.NEAREST)
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1).float()[None] / 255
+
+
+def test_ocr_reward_reads_a_rendered_digit_string():
+    pytest.importorskip("rapidocr_onnxruntime")
+    reward = get_reward("ocr")
+    image = _render("2026")
+    assert reward.recognise(image) == ["2026"]
+    scores = reward(torch.cat([image, image]), ['a sign that says "2026"', 'a sign that says "2024"'])
+    torch.testing.assert_close(scores, torch.tensor([1.0, 0.75]))
+    blank = reward(torch.ones(1, 3, 128, 256), ['a sign that says "2026"'])
+    assert blank.item() == 0.0
+
+
+def test_text_similarity_is_flow_grpo_normalised_edit_distance():
+    assert text_similarity("Hello World", "helloworld") == 1.0
+    assert text_similarity("helo", "hello") == pytest.approx(0.8)
+    assert text_similarity("something entirely longer", "abc") == 0.0
+
+
+def test_geneval_reward_with_an_injected_detector():
+    def detector(images):
+        cat = Detection("cat", 0.9, (0, 0, 10, 10), color="red")
+        dog = Detection("dog", 0.8, (30, 0, 40, 10), color="blue")
+        weak_dog = Detection("dog", 0.1, (0, 30, 10, 40))
+        return [[cat, dog], [cat, dog, weak_dog], [cat]]
+
+    specs = {
+        "a red cat and a blue dog": {"include": [{"class": "cat", "count": 1, "color": "red"},
+                                                 {"class": "dog", "count": 1, "color": "blue"}]},
+        "a dog right of a cat": {"include": [{"class": "cat", "count": 1},
+                                             {"class": "dog", "count": 1, "position": ["right of", 0]}]},
+        "a dog left of a cat": {"include": [{"class": "cat", "count": 1},
+                                            {"class": "dog", "count": 1, "position": ["left of", 0]}]},
+        "two dogs": {"include": [{"class": "dog", "count": 2}], "exclude": [{"class": "dog", "count": 3}]},
+    }
+    reward = GenEvalReward(detector, specs)
+    images = _images(3)
+    torch.testing.assert_close(reward(images, ["a red cat and a blue dog", "a dog right of a cat", "a dog left of a cat"]),
+                               torch.tensor([1.0, 1.0, 0.0]))
+    assert reward(images, ["two dogs"] * 3).tolist() == [0.0, 0.0, 0.0], "the weak detection does not count"
+    partial = GenEvalReward(detector, specs, partial=True)
+    assert partial(images, ["two dogs"] * 3).tolist() == [0.5, 0.5, 0.5]
+    with pytest.raises(KeyError, match="no requirement spec"):
+        reward(images, ["a prompt without a spec"] * 3)
+
+
+def test_registry_lists_rewards_and_names_the_unknown_one():
+    names = available_rewards()
+    for expected in ["aesthetic", "clipscore", "geneval", "hpsv21", "imagereward", "jpeg_compressibility", "ocr",
+                     "pickscore"]:
+        assert expected in names
+    with pytest.raises(KeyError) as info:
+        get_reward("pickscor")
+    assert "pickscor" in str(info.value) and "pickscore" in str(info.value) and "jpeg_compressibility" in str(info.value)
+
+
+def test_multi_reward_returns_per_reward_scores_and_the_weighted_sum(clip_dir):
+    pick = PickScore.from_pretrained(clip_dir, clip_dir)
+    multi = MultiReward({"pickscore": 2.0, "jpeg_compressibility": 0.5}, rewards={"pickscore": pick})
+    images = _images()
+    out = multi(images, PROMPTS)
+    assert out.per_reward.shape == (4, 2) and out.total.shape == (4,)
+    torch.testing.assert_close(out.per_reward[:, 0], pick(images, PROMPTS))
+    torch.testing.assert_close(out.per_reward[:, 1], JPEGCompressibility()(images, PROMPTS))
+    torch.testing.assert_close(out.total, 2.0 * out.per_reward[:, 0] + 0.5 * out.per_reward[:, 1])
+
+
+def test_rewards_follow_their_device_and_return_on_the_input_device(clip_dir):
+    reward = PickScore.from_pretrained(clip_dir, clip_dir).to(torch.float64)
+    scores = reward(_images(), PROMPTS)
+    assert scores.dtype == torch.float32 and scores.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="prompts"):
+        reward(_images(), PROMPTS[:2])
+
+
+@pytest.mark.parametrize("name", ["pickscore", "hpsv21", "clipscore", "aesthetic", "imagereward"])
+def test_missing_weights_offline_raise_a_clear_error(name, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(MissingWeightsError) as info:
+        get_reward(name)
+    message = str(info.value)
+    assert "weights" in message and "HF_HUB_OFFLINE" in message
+    assert "/" in message.split("'")[1], "the message names the hub model"
