@@ -1,0 +1,84 @@
+"""What an algorithm plugs into the shared trainer loop (:mod:`algorithms.trainer`).
+
+The loop owns prompts, rewards, advantages, minibatching, optimisation, logging and checkpoints. An
+algorithm owns only what makes it different:
+
+- ``rollout``: how samples are generated (and what is recorded on the way);
+- ``prepare``: what is computed once per rollout before the gradient steps (pairs and old surrogates;
+  per-transition rows; nothing);
+- ``loss``: the TorchRL loss module applied to a minibatch;
+- ``after_iteration``: old-policy updates;
+- ``nfe``: model evaluations per sample per iteration, for cost accounting.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from algorithms.config import TrainConfig
+from vgrpo_lib.samplers import nfe_per_sample, sample_ode, time_grid
+
+
+def expand_rows(value, num: int):
+    """Repeat each row ``num`` times along a new second dimension: ``[N, ...] -> [N, num, ...]`` (a view)."""
+    if isinstance(value, TensorDictBase):
+        return value.unsqueeze(1).expand(value.shape[0], num)
+    return value.unsqueeze(1).expand(value.shape[0], num, *value.shape[1:])
+
+
+class Algorithm:
+    """Base class. Subclasses set ``name`` and ``loss_module`` and override what differs."""
+
+    name = "algorithm"
+
+    def __init__(self, config: TrainConfig, policy: nn.Module, sample_shape: tuple[int, ...], reference: nn.Module | None):
+        self.config, self.policy, self.sample_shape, self.reference = config, policy, tuple(sample_shape), reference
+        self.grid = time_grid(config.rollout.num_steps, shift=config.rollout.shift)
+        self.loss_module: nn.Module | None = None
+
+    @staticmethod
+    def needs_reference(config: TrainConfig) -> bool:
+        """Whether the algorithm needs a frozen copy of the base policy (a KL to it is configured)."""
+        return False
+
+    @property
+    def single_step(self) -> bool:
+        """Exactly one gradient step per rollout (one epoch, one minibatch)."""
+        optim = self.config.optim
+        batch = self.config.prompts_per_iteration * self.config.group_size
+        return optim.epochs == 1 and (optim.minibatch_size is None or optim.minibatch_size >= batch)
+
+    def rollout_model(self) -> nn.Module:
+        """The policy that generates the rollout (the behaviour policy)."""
+        return self.policy
+
+    @torch.no_grad()
+    def rollout(self, cond, group: torch.Tensor, generator: torch.Generator, iteration: int) -> TensorDict:
+        """Deterministic ODE rollout from Gaussian noise: ``"sample"`` ``[N, *D]`` in model space."""
+        noise = torch.randn((group.shape[0], *self.sample_shape), generator=generator)
+        sample = sample_ode(self.rollout_model(), noise, cond, self.grid, method=self.config.rollout.solver)
+        return TensorDict({"sample": sample, "cond": cond, "group": group}, batch_size=[group.shape[0]])
+
+    def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
+        """Training rows from a scored rollout (with ``"advantage"``); default: the rollout itself."""
+        return batch
+
+    def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
+        return self.loss_module(minibatch)
+
+    def after_iteration(self, iteration: int) -> None:
+        """Called once the gradient steps of ``iteration`` are done."""
+
+    def nfe(self) -> dict[str, int]:
+        """Model evaluations per sample and iteration: ``rollout``, ``prepare`` (no grad) and ``update`` (with
+        grad, forward+backward counted once)."""
+        return {"rollout": nfe_per_sample(self.config.rollout.solver, self.config.rollout.num_steps), "prepare": 0, "update": 0}
+
+    def state_dict(self) -> dict:
+        """Algorithm state beyond the policy and optimizer (e.g. DiffusionNFT's old policy)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""

@@ -1,0 +1,156 @@
+"""The ``vgrpo`` command: train, sample and evaluate on the embedded testbed.
+
+    vgrpo train --algo vgrpo [--task digit] [--preset testbed] [key=value ...] --out RUN_DIR [--resume]
+    vgrpo sample [--run RUN_DIR] [--task digit] --per-prompt N --seed S --out FILE.npz
+    vgrpo eval --run RUN_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
+from algorithms.presets import PRESETS, preset_overrides
+from algorithms.run_dir import RunDir, atomic_write_bytes
+from algorithms.tasks import TASKS, load_task
+from algorithms.trainer import Trainer
+
+
+def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
+    """Defaults, then the preset's overrides, then ``--task``, then the user's ``key=value`` overrides."""
+    base = TrainConfig(algo=algo)
+    task_override = [] if task is None else [f"task={task}"]
+    return apply_overrides(base, preset_overrides(preset, algo) + task_override + overrides)
+
+
+def load_run_policy(run_dir: str | Path):
+    """The config, task and trained policy (newest valid checkpoint) of a run directory."""
+    run = RunDir(run_dir)
+    config = TrainConfig.from_dict(run.read_config())
+    state = run.load_latest_checkpoint()
+    if state is None:
+        raise FileNotFoundError(f"{run.root} has no loadable checkpoint.")
+    task = load_task(config.task)
+    policy = task.load_policy()
+    policy.load_state_dict(state["policy"])
+    return config, task, policy.eval()
+
+
+def _train(args) -> int:
+    if args.resume:
+        if args.overrides or args.task or args.algo_given:
+            raise SystemExit("--resume continues a run with its saved config; drop --algo/--task/overrides.")
+        trainer = Trainer.resume(args.out)
+    else:
+        config = build_config(args.algo, args.task, args.preset, args.overrides)
+        trainer = Trainer(config, args.out)
+    evaluations = trainer.train()
+    print_evaluation_table(evaluations[0], evaluations[-1])
+    print(f"run directory: {args.out}")
+    return 0
+
+
+def _sample(args) -> int:
+    if args.run:
+        config, task, policy = load_run_policy(args.run)
+        if args.task and args.task != config.task:
+            raise SystemExit(f"--task {args.task} does not match the run's task {config.task}.")
+    else:
+        task = load_task(args.task or "digit")
+        policy = task.load_policy().eval()
+    prompts = task.eval_prompts(args.per_prompt)
+    images = task.sample(policy, prompts, num_steps=args.steps, generator=torch.Generator().manual_seed(args.seed))
+    labels = prompts.to(torch.int64)
+    out = Path(args.out)
+    buffer = _npz_bytes(images=images.float().numpy(), labels=labels.numpy())
+    atomic_write_bytes(out, buffer)
+    print(f"wrote {images.shape[0]} images {tuple(images.shape[1:])} and labels {tuple(labels.shape)} to {out}")
+    return 0
+
+
+def _npz_bytes(**arrays) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _eval(args) -> int:
+    config, task, policy = load_run_policy(args.run)
+    generator = torch.Generator().manual_seed(config.eval.seed)
+    prompts = task.eval_prompts(args.per_prompt or config.eval.per_prompt)
+    images = task.sample(policy, prompts, num_steps=config.eval.num_steps, generator=generator)
+    result = task.evaluate(images, prompts)
+    base_images = task.sample(
+        task.load_policy().eval(), prompts, num_steps=config.eval.num_steps, generator=torch.Generator().manual_seed(config.eval.seed)
+    )
+    print_evaluation_table(task.evaluate(base_images, prompts), result)
+    from integrations.testbed.evaluation import sample_grid_png
+
+    grid = sample_grid_png(images, Path(args.run) / "eval_grid.png", nrow=args.per_prompt or config.eval.per_prompt)
+    print(f"sample grid: {grid}")
+    return 0
+
+
+def print_evaluation_table(base: dict, trained: dict) -> None:
+    """Side-by-side table of the base policy's and the trained policy's evaluation."""
+    keys = ["reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"]
+    print(f"{'metric':<22}{'base':>10}{'trained':>10}")
+    for key in keys:
+        print(f"{key:<22}{base[key]:>10.3f}{trained[key]:>10.3f}")
+    per_prompt = trained.get("accuracy_per_prompt", {})
+    if per_prompt and len(per_prompt) <= 20:
+        print("accuracy per prompt: " + ", ".join(f"{k}: {v:.2f}" for k, v in per_prompt.items()))
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a policy on a testbed task")
+    train.add_argument("--algo", choices=ALGORITHMS, default=None)
+    train.add_argument("--task", choices=sorted(TASKS) + ["sd3.5-medium", "flux.1-dev"], default=None)
+    train.add_argument("--preset", choices=PRESETS, default="testbed")
+    train.add_argument("--out", required=True, help="run directory (refused if it exists, unless --resume)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    train.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. optim.lr=3e-4 vgrpo.num_pairs=8")
+    train.set_defaults(handler=_train)
+
+    sample = commands.add_parser("sample", help="write CFG-free samples of a run (or the base policy) to .npz")
+    sample.add_argument("--run", default=None)
+    sample.add_argument("--task", choices=sorted(TASKS), default=None)
+    sample.add_argument("--per-prompt", type=int, required=True)
+    sample.add_argument("--seed", type=int, required=True)
+    sample.add_argument("--steps", type=int, default=40, help="ODE (Euler) steps")
+    sample.add_argument("--out", required=True)
+    sample.set_defaults(handler=_sample)
+
+    evaluate = commands.add_parser("eval", help="evaluate a run against its base policy and write a sample grid")
+    evaluate.add_argument("--run", required=True)
+    evaluate.add_argument("--per-prompt", type=int, default=None)
+    evaluate.set_defaults(handler=_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    if args.command == "train":
+        args.algo_given = args.algo is not None
+        args.algo = args.algo or "vgrpo"
+    if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
+        raise SystemExit("--per-prompt must be >= 1.")
+    try:
+        return args.handler(args)
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as error:
+        print(f"vgrpo {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

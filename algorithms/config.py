@@ -1,0 +1,218 @@
+"""Typed run configuration: nested dataclasses, JSON round trip, ``key=value`` overrides and presets.
+
+A run is fully described by one :class:`TrainConfig`; it is saved as ``config.json`` in the run directory.
+Overrides use dotted paths and are type-checked against the dataclass fields::
+
+    vgrpo train --algo vgrpo iterations=40 vgrpo.num_pairs=8 optim.lr=3e-4 advantage.soft_clip=none
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class RolloutConfig:
+    """How samples are generated during training (the algorithm may override the sampler: Flow-GRPO's SDE)."""
+
+    num_steps: int = 10
+    solver: str = "euler"  # euler | heun | dpmpp_2m (deterministic ODE; V-GRPO and DiffusionNFT)
+    shift: float = 1.0  # SD3 time shift of the grid
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    epochs: int = 1  # passes over the rollout per iteration
+    minibatch_size: int | None = None  # None: the whole rollout in one gradient step per epoch
+    max_nonfinite_steps: int = 5  # abort after this many consecutive skipped (non-finite) steps
+
+
+@dataclass
+class AdvantageConfig:
+    scale: str = "group"  # group | batch | none | rank | trimmed
+    soft_clip: float | None = None  # eta of eta * tanh(A / eta)
+    clip: float | None = None
+
+
+@dataclass
+class VGRPOConfig:
+    num_pairs: int = 4
+    timesteps: str = "stratified"
+    sharing: str = "group"  # none | group | batch
+    weighting: str = "adaptive_x"  # eps | v | x | adaptive_x | elbo
+    clip_low: float = 0.01
+    clip_high: float = 0.01
+    kl_coef: float | None = None  # x-space KL to the behaviour policy (paper: 0.3 where used)
+    ref_kl_coef: float | None = None  # x-space KL to the base policy
+    chunk_size: int | None = None
+
+
+@dataclass
+class FlowGRPOConfig:
+    noise_level: float = 0.7
+    clip_epsilon: float = 1e-4
+    log_prob_reduction: str = "mean"
+    adv_clip: float = 5.0
+    kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (anchor: 0.01-0.04)
+    window_size: int | None = None  # MixGRPO: SDE only inside a sliding window of this many steps
+    window_shift_interval: int = 25
+
+
+@dataclass
+class DiffusionNFTConfig:
+    strength: float = 1.0  # b, the implicit-policy mixing strength
+    adv_max: float = 5.0
+    num_pairs: int | None = None  # training timesteps per sample per step (None: every rollout step once)
+    weighting: str = "adaptive_x"
+    decay_rate: float = 0.001  # old policy: d = min(decay_rate * iteration, decay_max)
+    decay_max: float = 0.5
+    kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # iterations between evaluations (0: only at the start and the end)
+    per_prompt: int = 20
+    num_steps: int = 40
+    seed: int = 12345  # held-out seeds: independent of the training seed
+
+
+@dataclass
+class TrainConfig:
+    algo: str = "vgrpo"  # vgrpo | flow_grpo | diffusion_nft
+    task: str = "digit"
+    seed: int = 0
+    iterations: int = 60
+    prompts_per_iteration: int = 8
+    group_size: int = 16
+    checkpoint_every: int = 10
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    vgrpo: VGRPOConfig = field(default_factory=VGRPOConfig)
+    flow_grpo: FlowGRPOConfig = field(default_factory=FlowGRPOConfig)
+    diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        validate(self)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        return _build(cls, data, "")
+
+
+ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft")
+
+
+def validate(config: TrainConfig) -> None:
+    """Range checks that name the offending field."""
+    if config.algo not in ALGORITHMS:
+        raise ValueError(f"Unknown algorithm {config.algo!r}; expected one of {', '.join(ALGORITHMS)}.")
+    positive = {
+        "iterations": config.iterations,
+        "prompts_per_iteration": config.prompts_per_iteration,
+        "checkpoint_every": config.checkpoint_every,
+        "rollout.num_steps": config.rollout.num_steps,
+        "optim.epochs": config.optim.epochs,
+        "optim.max_nonfinite_steps": config.optim.max_nonfinite_steps,
+        "vgrpo.num_pairs": config.vgrpo.num_pairs,
+        "eval.per_prompt": config.eval.per_prompt,
+        "eval.num_steps": config.eval.num_steps,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}.")
+    if config.group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs two samples), got {config.group_size}.")
+    if config.optim.lr <= 0:
+        raise ValueError(f"optim.lr must be > 0, got {config.optim.lr}.")
+    if config.optim.minibatch_size is not None and config.optim.minibatch_size < 1:
+        raise ValueError(f"optim.minibatch_size must be >= 1 or None, got {config.optim.minibatch_size}.")
+    if config.eval.every < 0:
+        raise ValueError(f"eval.every must be >= 0, got {config.eval.every}.")
+    window = config.flow_grpo.window_size
+    if window is not None and not 1 <= window <= config.rollout.num_steps:
+        raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={config.rollout.num_steps}, got {window}.")
+
+
+def _resolve(tp):
+    hints = typing.get_args(tp)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        non_none = [h for h in hints if h is not type(None)]
+        return non_none[0], type(None) in hints
+    return tp, False
+
+
+def _field_types(cls) -> dict[str, typing.Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _build(cls, data: dict, prefix: str):
+    types_ = _field_types(cls)
+    unknown = set(data) - set(types_)
+    if unknown:
+        raise ValueError(f"Unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}.")
+    kwargs = {}
+    for name, value in data.items():
+        base, _ = _resolve(types_[name])
+        kwargs[name] = _build(base, value, f"{prefix}{name}.") if dataclasses.is_dataclass(base) else value
+    return cls(**kwargs)
+
+
+def _parse_value(text: str, tp, key: str):
+    base, optional = _resolve(tp)
+    if optional and text.lower() in ("none", "null"):
+        return None
+    try:
+        if base is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        return base(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"Override {key}={text!r}: expected {getattr(base, '__name__', base)}.") from None
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """Return a new config with ``section.field=value`` overrides applied (types checked, unknown keys refused)."""
+    data = config.to_dict()
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"Override {item!r} must look like key=value (e.g. optim.lr=3e-4).")
+        key, text = item.split("=", 1)
+        parts = key.split(".")
+        cls, target = TrainConfig, data
+        for part in parts[:-1]:
+            types_ = _field_types(cls)
+            base = _resolve(types_[part])[0] if part in types_ else None
+            if base is None or not dataclasses.is_dataclass(base):
+                raise ValueError(f"Unknown config section {part!r} in override {key!r}.")
+            cls, target = base, target[part]
+        types_ = _field_types(cls)
+        if parts[-1] not in types_ or dataclasses.is_dataclass(_resolve(types_[parts[-1]])[0]):
+            raise ValueError(f"Unknown config key {key!r}; valid keys: {', '.join(sorted(valid_keys()))}.")
+        target[parts[-1]] = _parse_value(text, types_[parts[-1]], key)
+    return TrainConfig.from_dict(data)
+
+
+def valid_keys(cls=TrainConfig, prefix: str = "") -> list[str]:
+    out = []
+    for name, tp in _field_types(cls).items():
+        base = _resolve(tp)[0]
+        out += valid_keys(base, f"{prefix}{name}.") if dataclasses.is_dataclass(base) else [prefix + name]
+    return out

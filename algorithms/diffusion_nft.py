@@ -1,0 +1,69 @@
+"""DiffusionNFT (Zheng et al., 2025): negative-aware fine-tuning on the forward process.
+
+    rollout   the OLD policy (a soft copy of the trained one) with a deterministic ODE solver; only clean
+              samples are kept
+    loss      DiffusionNFTLoss on fresh timestep-noise pairs each gradient step (timesteps from the rollout
+              grid, every step once by default): implicit positive / negative policies weighted by the
+              optimality r(A)
+    after     theta_old <- d theta_old + (1 - d) theta with d = min(rate * iteration, max)
+
+Cost per sample and iteration: rollout steps + 2 forwards (trained and old policy) per pair per epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from algorithms.base import Algorithm
+from vgrpo_lib.control import OldPolicyDecay, ema_update_
+from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.losses import DiffusionNFTLoss
+from vgrpo_lib.timesteps import DiscreteGrid
+
+
+class DiffusionNFT(Algorithm):
+    name = "diffusion_nft"
+
+    def __init__(self, config, policy, sample_shape, reference):
+        super().__init__(config, policy, sample_shape, reference)
+        c = config.diffusion_nft
+        self.old_policy = copy.deepcopy(policy).requires_grad_(False)
+        self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)
+        self.num_pairs = c.num_pairs or config.rollout.num_steps
+        training_times = DiscreteGrid(self.grid[:-1], stratified=True)
+        self.estimator = ELBOSurrogate(self.num_pairs, training_times, sharing="none", weighting=c.weighting)
+        self.loss_module = DiffusionNFTLoss(
+            policy,
+            self.old_policy,
+            self.estimator,
+            strength=c.strength,
+            adv_max=c.adv_max,
+            ref_model=reference if c.kl_coef is not None else None,
+            kl_coef=c.kl_coef,
+        )
+
+    @staticmethod
+    def needs_reference(config) -> bool:
+        return config.diffusion_nft.kl_coef is not None
+
+    def rollout_model(self):
+        return self.old_policy
+
+    def loss(self, minibatch, generator):
+        minibatch["pairs"] = self.estimator.sample_pairs(minibatch["sample"], generator=generator)
+        return self.loss_module(minibatch)
+
+    def after_iteration(self, iteration: int) -> None:
+        ema_update_(self.old_policy.parameters(), self.policy.parameters(), self.decay(iteration))
+
+    def nfe(self) -> dict[str, int]:
+        per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)
+        return {**super().nfe(), "update": per_epoch * self.config.optim.epochs}
+
+    def state_dict(self) -> dict:
+        return {"old_policy": self.old_policy.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.old_policy.load_state_dict(state["old_policy"])

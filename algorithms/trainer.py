@@ -1,0 +1,306 @@
+"""The one trainer loop every algorithm shares.
+
+    for each iteration:
+        prompts (B) -> G samples each (algorithm.rollout) -> rewards -> group advantages
+        -> algorithm.prepare (pairs and old surrogates / transitions / nothing)
+        -> epochs x minibatches of gradient steps on algorithm.loss (a TorchRL replay buffer over the rows)
+        -> algorithm.after_iteration (old-policy update) -> metrics, evaluation, checkpoint
+
+Costs are measured per phase (rollout, reward, prepare, update) and model evaluations are counted per sample
+(see :meth:`algorithms.base.Algorithm.nfe`). A gradient step whose loss or gradient is not finite is skipped
+(weights and optimizer untouched) and counted; ``optim.max_nonfinite_steps`` in a row abort the run.
+Checkpoints carry every RNG stream, so ``resume`` continues exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import time
+from pathlib import Path
+
+import torch
+from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
+from tqdm.auto import tqdm
+
+from algorithms.config import TrainConfig
+from algorithms.registry import ALGORITHM_CLASSES
+from algorithms.run_dir import RunDir, atomic_write_bytes
+from algorithms.tasks import load_task, to_images
+from vgrpo_lib._checks import check_finite
+from vgrpo_lib.advantages import GroupAdvantage, group_statistics
+from vgrpo_lib.losses import total_loss
+
+logging.getLogger("torchrl").setLevel(logging.WARNING)
+
+
+class RewardError(ValueError):
+    """A reward function returned something unusable."""
+
+
+def check_reward(reward, num_samples: int, prompts: torch.Tensor) -> torch.Tensor:
+    """The reward as a float tensor ``[N]``; a clear error naming the prompt on NaN/inf or a wrong shape."""
+    if not isinstance(reward, torch.Tensor) or reward.shape != (num_samples,):
+        shape = tuple(reward.shape) if isinstance(reward, torch.Tensor) else type(reward).__name__
+        raise RewardError(f"The reward function must return a tensor of shape ({num_samples},), got {shape}.")
+    bad = ~torch.isfinite(reward)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0])
+        raise RewardError(
+            f"The reward is NaN or inf for {int(bad.sum())} sample(s), first at index {index} "
+            f"(prompt {prompts[index].tolist()})."
+        )
+    return reward.float()
+
+
+class Trainer:
+    """Train ``config.algo`` on ``config.task`` into ``run_dir``.
+
+    ``Trainer(config, run_dir)`` starts a new run (refusing an existing run directory);
+    ``Trainer.resume(run_dir)`` continues one from its newest valid checkpoint with its saved config.
+    """
+
+    def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: bool = True, _resuming: bool = False):
+        self.config, self.run, self.progress = config, RunDir(run_dir), progress
+        if self.run.exists() and not _resuming:
+            raise FileExistsError(f"{self.run.root} already holds a run; resume it with --resume or choose another --out.")
+        torch.manual_seed(config.seed)
+        self.task = load_task(config.task)
+        self.policy = self.task.load_policy().requires_grad_(True)
+        algorithm_class = ALGORITHM_CLASSES[config.algo]
+        reference = copy.deepcopy(self.policy).requires_grad_(False) if algorithm_class.needs_reference(config) else None
+        self.algorithm = algorithm_class(config, self.policy, self.task.image_shape, reference)
+        self.reward_fn = self.task.reward()
+        a = config.advantage
+        self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.iteration = 0
+        self.counters = {"grad_steps": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0, "nfe": 0, "train_seconds": 0.0}
+        self.metrics: list[dict] = []
+        self.evaluations: list[dict] = []
+        self.logger = None
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, *, progress: bool = True) -> Trainer:
+        run = RunDir(run_dir)
+        trainer = cls(TrainConfig.from_dict(run.read_config()), run_dir, progress=progress, _resuming=True)
+        state = run.load_latest_checkpoint()
+        if state is None:
+            raise FileNotFoundError(f"{run.root} has no loadable checkpoint to resume from.")
+        trainer._load_state(state)
+        return trainer
+
+    # -- state -------------------------------------------------------------------------------------------
+
+    def _state(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "counters": dict(self.counters),
+        }
+
+    def _load_state(self, state: dict) -> None:
+        self.iteration = state["iteration"]
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.counters = dict(state["counters"])
+        self.metrics = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < self.iteration]
+        self.evaluations = [e for e in self.run.read_jsonl("eval.jsonl") if e["iteration"] <= self.iteration]
+
+    # -- one iteration -----------------------------------------------------------------------------------
+
+    def _prompts(self):
+        c = self.config
+        prompts = self.task.sample_prompts(c.prompts_per_iteration, self.generator)
+        cond = prompts.repeat_interleave(c.group_size, dim=0)
+        group = torch.arange(c.prompts_per_iteration).repeat_interleave(c.group_size)
+        return cond, group
+
+    def _update(self, rows) -> dict[str, float]:
+        optim = self.config.optim
+        buffer = ReplayBuffer(
+            storage=LazyTensorStorage(rows.shape[0]),
+            sampler=SamplerWithoutReplacement(drop_last=False),
+            batch_size=optim.minibatch_size or rows.shape[0],
+        )
+        buffer.set_rng(self.generator)
+        buffer.extend(rows)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        outputs = []
+        for _ in range(optim.epochs):
+            for minibatch in buffer:
+                losses = self.algorithm.loss(minibatch, self.generator)
+                self.optimizer.zero_grad(set_to_none=True)
+                total_loss(losses).backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                    self.counters["grad_steps"] += 1
+                    self.counters["nonfinite_in_a_row"] = 0
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.counters["skipped_steps"] += 1
+                    self.counters["nonfinite_in_a_row"] += 1
+                    if self.counters["nonfinite_in_a_row"] >= optim.max_nonfinite_steps:
+                        raise FloatingPointError(
+                            f"{self.counters['nonfinite_in_a_row']} gradient steps in a row had a non-finite loss or "
+                            f"gradient (iteration {self.iteration}); lower optim.lr or check the reward."
+                        )
+                outputs.append({k: v.detach() for k, v in losses.items()} | {"grad_norm": grad_norm.detach()})
+        return {key: torch.stack([o[key] for o in outputs]).float().mean().item() for key in outputs[0]}
+
+    def step(self) -> dict:
+        """Run one iteration and return its metrics row."""
+        clock = time.perf_counter
+        start = clock()
+        cond, group = self._prompts()
+        batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
+        rolled = clock()
+        reward = check_reward(self.reward_fn(to_images(batch["sample"]), cond), group.shape[0], cond)
+        batch["reward"] = reward
+        stats = group_statistics(reward, group)
+        batch = self.advantage(batch)
+        rewarded = clock()
+        rows = self.algorithm.prepare(batch, self.generator)
+        prepared = clock()
+        losses = self._update(rows)
+        self.algorithm.after_iteration(self.iteration)
+        updated = clock()
+        nfe = self.algorithm.nfe()
+        self.counters["nfe"] += sum(nfe.values())
+        self.counters["train_seconds"] += updated - start
+        self.iteration += 1
+        row = {
+            "iteration": self.iteration - 1,
+            "reward_mean": reward.mean().item(),
+            "reward_std": reward.std().item(),
+            "zero_std_fraction": stats["zero_std_fraction"].item(),
+            "advantage_abs_mean": batch["advantage"].abs().mean().item(),
+            **losses,
+            "rollout_s": rolled - start,
+            "reward_s": rewarded - rolled,
+            "prepare_s": prepared - rewarded,
+            "update_s": updated - prepared,
+            "iteration_s": updated - start,
+            "nfe_per_sample": sum(nfe.values()),
+            **{f"nfe_{phase}": value for phase, value in nfe.items()},
+            "nfe_cumulative": self.counters["nfe"],
+            "grad_steps": self.counters["grad_steps"],
+            "skipped_steps": self.counters["skipped_steps"],
+            "train_seconds": self.counters["train_seconds"],
+        }
+        self.metrics.append(row)
+        return row
+
+    # -- evaluation, logging, checkpoints ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training."""
+        e = self.config.eval
+        prompts = self.task.eval_prompts(e.per_prompt)
+        generator = torch.Generator().manual_seed(e.seed)
+        images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
+        result = self.task.evaluate(images, prompts)
+        result.update(
+            iteration=self.iteration,
+            train_seconds=self.counters["train_seconds"],
+            nfe_cumulative=self.counters["nfe"],
+            grad_steps=self.counters["grad_steps"],
+        )
+        self.evaluations.append(result)
+        self._write_grid(images, prompts)
+        return result
+
+    def _write_grid(self, images: torch.Tensor, prompts: torch.Tensor) -> None:
+        from integrations.testbed.evaluation import sample_grid_png
+
+        per_prompt = min(self.config.eval.per_prompt, 10)
+        keep = torch.arange(images.shape[0]) % self.config.eval.per_prompt < per_prompt
+        sample_grid_png(images[keep][:200], self.run.root / f"samples_iter_{self.iteration:06d}.png", nrow=per_prompt)
+
+    def _log(self, row: dict, prefix: str) -> None:
+        if self.logger is None:
+            self.logger = make_logger(self.run.root / "logs")
+        for key, value in row.items():
+            if isinstance(value, (int, float)):
+                self.logger.log_scalar(f"{prefix}/{key}", float(value), step=self.iteration)
+
+    def _write_files(self) -> None:
+        self.run.write_rows("metrics.csv", self.metrics)
+        flat = [{k: v for k, v in e.items() if not isinstance(v, dict)} for e in self.evaluations]
+        self.run.write_rows("eval.csv", flat)
+        self.run.write_jsonl("eval.jsonl", self.evaluations)
+        plot_run(self.metrics, flat, self.run.root / "reward.png")
+
+    def train(self) -> list[dict]:
+        """Run (or continue) until ``config.iterations``; returns the evaluations."""
+        c = self.config
+        if self.iteration == 0:
+            self.run.root.mkdir(parents=True, exist_ok=True)
+            self.run.write_config(c.to_json())
+            self._log(self.evaluate(), "eval")
+            self._write_files()
+        bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not self.progress)
+        while self.iteration < c.iterations:
+            row = self.step()
+            self._log(row, "train")
+            last = self.iteration == c.iterations
+            if last or (c.eval.every and self.iteration % c.eval.every == 0):
+                evaluation = self.evaluate()
+                self._log(evaluation, "eval")
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{evaluation['accuracy']:.3f}")
+            else:
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
+            self._write_files()
+            if last or self.iteration % c.checkpoint_every == 0:
+                self.run.save_checkpoint(self.iteration, self._state())
+            bar.update(1)
+        bar.close()
+        return self.evaluations
+
+
+def make_logger(log_dir: Path):
+    """TorchRL's TensorBoard logger when tensorboard is installed, else its CSV logger."""
+    from torchrl.record.loggers import CSVLogger
+
+    try:
+        from torchrl.record.loggers import TensorboardLogger
+
+        return TensorboardLogger(exp_name="run", log_dir=str(log_dir))
+    except (ImportError, ModuleNotFoundError):
+        return CSVLogger(exp_name="run", log_dir=str(log_dir))
+
+
+def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
+    """Training reward and evaluation accuracy (training classifier vs independent judge) against iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    if metrics:
+        left.plot([m["iteration"] + 1 for m in metrics], [m["reward_mean"] for m in metrics])
+    left.set(xlabel="iteration", ylabel="mean training reward", title="reward")
+    if evaluations:
+        x = [e["iteration"] for e in evaluations]
+        right.plot(x, [e["accuracy"] for e in evaluations], marker="o", label="classifier (reward model)")
+        right.plot(x, [e["judge_accuracy"] for e in evaluations], marker="s", label="independent judge")
+        right.legend()
+    right.set(xlabel="iteration", ylabel="accuracy (held-out seeds, CFG-free)", title="evaluation")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

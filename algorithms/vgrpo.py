@@ -1,0 +1,63 @@
+"""V-GRPO (Tang et al., 2026): GRPO with the whole generation as ONE action and the ELBO surrogate as its
+log-likelihood.
+
+    rollout   any deterministic ODE solver (the objective does not depend on the trajectory)
+    prepare   K timestep-noise pairs per sample (shared by the prompt group), and the behaviour policy's
+              surrogates s_old on them (skipped with one gradient step per rollout: the ratio is then
+              exactly 1 and s_theta.detach() stands in, which saves K forwards per sample)
+    loss      VGRPOLoss: clipped ratio exp(s_theta - s_old), optional x-space KL to the behaviour / base policy
+
+Cost per sample and iteration: rollout steps + K without grad (unless single-step) + K per gradient step.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from algorithms.base import Algorithm
+from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.losses import VGRPOLoss
+
+
+class VGRPO(Algorithm):
+    name = "vgrpo"
+
+    def __init__(self, config, policy, sample_shape, reference):
+        super().__init__(config, policy, sample_shape, reference)
+        c = config.vgrpo
+        if c.kl_coef is not None and self.single_step:
+            raise ValueError(
+                "vgrpo.kl_coef (KL to the behaviour policy) is inert with one gradient step per rollout; "
+                "use optim.epochs > 1 or a minibatch_size, or vgrpo.ref_kl_coef for a KL to the base policy."
+            )
+        self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size)
+        self.loss_module = VGRPOLoss(
+            policy,
+            self.estimator,
+            clip_epsilon=(c.clip_low, c.clip_high),
+            kl_coef=c.kl_coef,
+            ref_model=reference if c.ref_kl_coef is not None else None,
+            ref_kl_coef=c.ref_kl_coef,
+            on_policy=self.single_step,
+        )
+
+    @staticmethod
+    def needs_reference(config) -> bool:
+        return config.vgrpo.ref_kl_coef is not None
+
+    def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
+        pairs = self.estimator.sample_pairs(batch["sample"], batch["group"], generator)
+        batch["pairs"] = pairs
+        if not self.single_step:
+            with torch.no_grad():
+                old = self.estimator.evaluate(self.policy, batch["sample"], batch["cond"], pairs)
+            batch["old_log_prob"] = old["log_prob"].mean(dim=1)
+            if self.config.vgrpo.kl_coef is not None:
+                batch["old_x_pred"] = old["x_pred"]
+        return batch
+
+    def nfe(self) -> dict[str, int]:
+        k, epochs = self.config.vgrpo.num_pairs, self.config.optim.epochs
+        reference = k * epochs if self.needs_reference(self.config) else 0
+        return {**super().nfe(), "prepare": 0 if self.single_step else k, "update": k * epochs + reference}
