@@ -252,3 +252,94 @@ def test_presets_say_which_checkpoint_is_missing_offline(loader, monkeypatch, tm
         loader()
     name = "stable-diffusion-3.5-medium" if loader is load_sd35_medium else "FLUX.1-dev"
     assert name in str(info.value) and "weights" in str(info.value)
+
+
+def _lora_policy(family):
+    model = ADAPTERS[family]()
+    add_lora(model.transformer, r=4, alpha=8)
+    with torch.no_grad():
+        for p in lora_parameters(model.transformer).values():
+            p.normal_(std=0.1)
+    add_behaviour_adapter(model.transformer)
+    return model
+
+
+def _rollout(model, grid, generator):
+    """One group-structured rollout through the adapter: 2 prompts x 2 samples, rewards, advantages."""
+    from vgrpo_lib import GroupAdvantage, sample_euler
+
+    _, _, cond = inputs(batch=2)
+    cond = cond.repeat_interleave(2, dim=0)
+    group = torch.tensor([0, 0, 1, 1])
+    noise = torch.randn(B, C, H, W, generator=generator)
+    with torch.no_grad():
+        sample = sample_euler(AdapterView(model), noise, grid, cond)
+    reward = -sample.flatten(1).square().mean(1)
+    return noise, sample, cond, group, GroupAdvantage()(reward, group)
+
+
+def _step_changes_only_lora(model, loss):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    optimizer.zero_grad()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    optimizer.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n and ".default." in n for n in changed)
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_one_vgrpo_iteration_through_the_adapter(family):
+    from vgrpo_lib import ELBOSurrogate, VGRPOLoss
+
+    model = _lora_policy(family)
+    g = torch.Generator().manual_seed(0)
+    _, sample, cond, group, advantage = _rollout(model, sd3_sigma_grid(4), g)
+    estimator = ELBOSurrogate(num_pairs=2, sharing="group")
+    pairs = estimator.sample_pairs(sample, group=group, generator=g)
+    old_log_prob = estimator(AdapterView(model), sample, cond, pairs)
+    batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage, "pairs": pairs,
+                        "old_log_prob": old_log_prob}, batch_size=[B])
+    loss = VGRPOLoss(model, estimator, clip_epsilon=0.01, ref_model=AdapterView(model, None), ref_kl_coef=0.1)
+    out = loss(batch)
+    assert out["ratio_mean"].item() == pytest.approx(1.0, abs=1e-6), "theta == theta_old right after the copy"
+    _step_changes_only_lora(model, out["loss_objective"] + out["loss_ref_kl"])
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_one_flow_grpo_iteration_through_the_adapter(family):
+    from vgrpo_lib import FlowGRPOLoss, sample_sde
+
+    model = _lora_policy(family)
+    g = torch.Generator().manual_seed(0)
+    noise, _, cond, _, advantage = _rollout(model, sd3_sigma_grid(4), g)
+    with torch.no_grad():
+        _, steps = sample_sde(AdapterView(model), noise, sd3_sigma_grid(4), cond, generator=g)
+    num_steps = steps.batch_size[1]
+    batch = steps.exclude("log_prob").update({
+        "old_log_prob": steps["log_prob"],
+        "advantage": advantage[:, None].expand(B, num_steps),
+        "cond": cond.unsqueeze(1).expand(B, num_steps).clone(),
+    })
+    out = FlowGRPOLoss(model, ref_model=AdapterView(model, None), kl_coef=0.04)(batch)
+    torch.testing.assert_close(out["ratio_mean"], torch.tensor(1.0), rtol=0, atol=1e-5)
+    _step_changes_only_lora(model, out["loss_objective"] + out["loss_kl"])
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_one_diffusion_nft_iteration_through_the_adapter(family):
+    from vgrpo_lib import DiffusionNFTLoss, ELBOSurrogate
+
+    model = _lora_policy(family)
+    g = torch.Generator().manual_seed(0)
+    _, sample, cond, _, advantage = _rollout(model, flux_sigma_grid(4, image_seq_len=(H // 2) * (W // 2)), g)
+    estimator = ELBOSurrogate(num_pairs=2, sharing="none")
+    batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage,
+                        "pairs": estimator.sample_pairs(sample, generator=g)}, batch_size=[B])
+    loss = DiffusionNFTLoss(model, AdapterView(model), estimator, strength=1.0, ref_model=AdapterView(model, None),
+                            kl_coef=1e-4)
+    out = loss(batch)
+    _step_changes_only_lora(model, out["loss_objective"] + out["loss_kl"])
