@@ -2,7 +2,7 @@
 
 - `SD3Velocity`, `FluxVelocity`: `model(x_t, t, cond) -> v` on unpacked latents (B, C, H, W),
   t in [0, 1] (1 = noise), cond a TensorDict of prompt embeddings.
-- `ClassifierFreeGuidance`: cond + uncond in one batched forward.
+- `classifier_free_guidance`: CFG with encoded empty-prompt embeddings, cond + uncond in one batched forward.
 - `sd3_sigma_grid`, `flux_sigma_grid`, `sigma_grid_from_scheduler_config`: the pipelines' time grids.
 - `latent_shape`, `decode_latents`, `encode_prompts_sd3`, `encode_prompts_flux`: the pipeline plumbing.
 - `add_lora`, `add_behaviour_adapter`, `copy_adapter`, `ema_adapter`, `reference_policy`,
@@ -18,12 +18,12 @@ from .lora import (ATTENTION_TARGET_MODULES, AdapterView, adapter_active, adapte
 from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, load_flux_dev, load_policy, load_sd35_medium
 from .schedules import flux_mu, flux_sigma_grid, sd3_sigma_grid, shift_sigmas, sigma_grid_from_scheduler_config
 from .sd3 import SD3Velocity, encode_prompts_sd3
-from .velocity import ClassifierFreeGuidance, FlowTransformerAdapter
+from .velocity import FlowTransformerAdapter, classifier_free_guidance
 
 __all__ = [
-    "ATTENTION_TARGET_MODULES", "AdapterView", "ClassifierFreeGuidance", "DiffusersPolicy", "FLUX1_DEV",
+    "ATTENTION_TARGET_MODULES", "AdapterView", "DiffusersPolicy", "FLUX1_DEV",
     "FlowTransformerAdapter", "FluxVelocity", "SD35_MEDIUM", "SD3Velocity", "adapter_active", "adapters_disabled",
-    "add_behaviour_adapter", "add_lora", "behaviour_policy", "copy_adapter", "decode_latents", "ema_adapter",
+    "add_behaviour_adapter", "add_lora", "behaviour_policy", "classifier_free_guidance", "copy_adapter", "decode_latents", "ema_adapter",
     "encode_prompts_flux", "encode_prompts_sd3", "flux_mu", "flux_sigma_grid", "latent_image_ids", "latent_shape",
     "load_flux_dev", "load_policy", "load_sd35_medium", "lora_parameters", "pack_latents", "reference_policy",
     "sd3_sigma_grid", "shift_sigmas", "sigma_grid_from_scheduler_config", "unpack_latents",

@@ -8,7 +8,8 @@ under the rectified-flow convention z_t = (1 - t) x + t eps with velocity target
 diffusers transformers of SD3 and FLUX speak that convention too, but each with its own calling
 details (timestep scale, token packing, position ids, guidance embedding). `FlowTransformerAdapter`
 holds what the two have in common (the wrapped transformer, dtype handling, bf16 autocast) and the
-subclasses in sd3.py and flux.py translate the call.
+subclasses in sd3.py and flux.py translate the call. `classifier_free_guidance` adds CFG with
+precomputed unconditional prompt embeddings.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 from tensordict import TensorDict
+
+from vgrpo_lib.samplers import classifier_free_guidance as vgrpo_classifier_free_guidance
 
 
 class FlowTransformerAdapter(nn.Module):
@@ -63,37 +66,28 @@ class FlowTransformerAdapter(nn.Module):
             raise KeyError(f"cond lacks {missing}; it has {sorted(cond.keys())}")
 
 
-class ClassifierFreeGuidance(nn.Module):
-    """Classifier-free guidance in one batched forward: `v = v_u + scale * (v_c - v_u)`.
+def classifier_free_guidance(model: nn.Module, uncond: TensorDict, guidance_scale: float) -> nn.Module:
+    """Classifier-free guidance with precomputed unconditional embeddings: `v = v_u + scale (v_c - v_u)`.
 
-    Wraps any protocol model. The conditional and unconditional halves go through the network as
-    one batch of 2B (as the SD3 pipeline does), which is faster than two calls and gives the same
-    numbers up to kernel-level batch effects.
+    A thin layer over `vgrpo_lib.samplers.classifier_free_guidance`, which runs the conditional and
+    the unconditional halves as one batch of 2B (as the SD3 pipeline does) instead of two calls.
 
     Args:
         model: a protocol model `model(x_t, t, cond) -> v`.
-        uncond: the unconditional conditioning (e.g. the encoded empty prompt) as a TensorDict with
-            batch size (1,) (broadcast to every sample) or (B,). Its tensors must have the same
-            shapes as the conditional ones apart from the batch dimension (the SD3 and FLUX prompt
-            encoders pad to a fixed length, so they do).
-        guidance_scale: the CFG scale; 1.0 returns the conditional velocity (and still pays for the
-            uncond half; unwrap the model instead to save it).
+        uncond: the unconditional conditioning (e.g. `encode_prompts_sd3(pipe, [""])`) as a
+            TensorDict with batch size (1,) (broadcast to every sample) or (B,), with tensors of the
+            conditional ones' shapes apart from the batch dimension (the SD3 and FLUX encoders pad
+            to a fixed length, so they match). Entries of `cond` that `uncond` lacks (a FLUX
+            per-sample "guidance") are shared by both halves.
+        guidance_scale: the CFG scale; 1.0 returns `model` itself.
 
     The paper's V-GRPO rollouts use no CFG; Flow-GRPO's original SD3 recipe uses scale 4.5.
     """
 
-    def __init__(self, model: nn.Module, uncond: TensorDict, guidance_scale: float):
-        super().__init__()
-        self.model = model
-        self.uncond = uncond
-        self.guidance_scale = guidance_scale
+    def null_cond(cond: TensorDict) -> TensorDict:
+        null = uncond.to(cond.device)
+        if null.batch_size[0] == 1:
+            null = null.expand(cond.batch_size[0])
+        return cond.clone().update(null.clone())
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        batch = x_t.shape[0]
-        uncond = self.uncond.to(x_t.device)
-        if uncond.batch_size[0] == 1:
-            uncond = uncond.expand(batch)
-        both = torch.cat([uncond, cond.select(*uncond.keys())], dim=0)
-        v = self.model(torch.cat([x_t, x_t]), torch.cat([t, t]), both)
-        v_uncond, v_cond = v.chunk(2)
-        return v_uncond + self.guidance_scale * (v_cond - v_uncond)
+    return vgrpo_classifier_free_guidance(model, null_cond, guidance_scale)

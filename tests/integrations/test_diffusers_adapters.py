@@ -11,7 +11,7 @@ pytest.importorskip("peft")
 from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline,  # noqa: E402
                        FluxTransformer2DModel, SD3Transformer2DModel)
 
-from integrations.diffusers_adapters import (AdapterView, ClassifierFreeGuidance, FluxVelocity,  # noqa: E402
+from integrations.diffusers_adapters import (AdapterView, FluxVelocity, classifier_free_guidance,  # noqa: E402
                                              SD3Velocity, add_behaviour_adapter, add_lora, behaviour_policy,
                                              copy_adapter, decode_latents, ema_adapter, encode_prompts_sd3,
                                              flux_mu, flux_sigma_grid, latent_shape, lora_parameters,
@@ -104,7 +104,7 @@ def test_cfg_batching_equals_two_separate_calls(family):
     model = ADAPTERS[family]()
     x, t, cond = inputs()
     uncond = inputs(batch=1, seed=7)[2]
-    guided = ClassifierFreeGuidance(model, uncond, guidance_scale=4.5)(x, t, cond)
+    guided = classifier_free_guidance(model, uncond, guidance_scale=4.5)(x, t, cond)
     v_cond, v_uncond = model(x, t, cond), model(x, t, uncond.expand(B).clone())
     torch.testing.assert_close(guided, v_uncond + 4.5 * (v_cond - v_uncond), rtol=1e-5, atol=1e-5)
 
