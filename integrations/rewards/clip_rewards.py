@@ -72,8 +72,9 @@ def _load_clip(model_name: str, processor_name: str, purpose: str, local_files_o
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
     local = resolve_local_files_only(local_files_only)
-    model = load_weights(lambda: CLIPModel.from_pretrained(model_name, local_files_only=local, dtype=dtype),
-                         model_name, purpose)
+    model = load_weights(lambda: CLIPModel.from_pretrained(model_name, local_files_only=local), model_name, purpose)
+    if dtype is not None:
+        model = model.to(dtype)
     tokenizer = load_weights(lambda: AutoTokenizer.from_pretrained(processor_name, local_files_only=local),
                              processor_name, f"{purpose} (its tokenizer)")
     image_processor = load_weights(lambda: AutoImageProcessor.from_pretrained(processor_name, local_files_only=local),
