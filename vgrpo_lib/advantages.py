@@ -83,6 +83,9 @@ def normalize_rewards(reward: torch.Tensor, groups: Groups, scale: str, eps: flo
         cut = torch.floor(trim * groups.count[groups.index])
         keep = (position >= cut) & (position < groups.count[groups.index] - cut)
         mean, std = _segment_mean_std(reward, groups, keep.to(reward.dtype))
+        # A non-constant group whose kept middle is constant (e.g. one success among 0/1 rewards) has a zero
+        # trimmed std: fall back to the full group std instead of dividing by eps (advantages of 1e6).
+        std = torch.where(std > 0, std, _segment_mean_std(reward, groups)[1])
         advantage = (reward - mean[groups.index]) / (std[groups.index] + eps)
     else:
         mean, std = _segment_mean_std(reward, groups)
