@@ -138,8 +138,9 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse ``argv`` with ``parser`` and run the chosen command; user errors print one line and return 2."""
+    args = parser.parse_args(argv)
     if args.command == "train":
         args.algo_given = args.algo is not None
         args.algo = args.algo or "vgrpo"
@@ -150,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as error:
         print(f"vgrpo {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(make_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""The controlled comparison: V-GRPO, Flow-GRPO and DiffusionNFT on the same task, base policy, prompts, reward,
+group size and iteration budget, each at its documented testbed preset (``algorithms.presets.TESTBED``).
+
+Every run records training reward, held-out evaluation, wall-clock seconds, NFE per sample and gradient steps
+(:mod:`algorithms.trainer`). Time to target is read off the training-reward curve (a 3-iteration moving average)
+against a target fixed BEFORE the run per task (``TARGETS``). Writes ``DIR/summary.json``, ``DIR/summary.md``
+and plots of reward against wall-clock, NFE and gradient steps with seed bands, plus each run's directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from pathlib import Path
+
+from algorithms.config import ALGORITHMS
+from algorithms.run_dir import atomic_write_bytes, atomic_write_text
+from algorithms.trainer import Trainer
+
+# Target mean training reward per task, fixed before any comparison run. They sit about 80% of the way from
+# the base policy's reward to the best final reward of pilot runs (numbers in the README's Results section).
+TARGETS = {"digit": 0.85, "pair": 0.5, "style": 0.6, "digit_style": 1.2, "digits8": 0.6}
+SMOOTHING = 3
+
+
+def build(algo: str, task: str, seed: int, overrides: list[str]):
+    from benchmarks.cli import build_config
+
+    return build_config(algo, task, "testbed", [f"seed={seed}", *overrides])
+
+
+def time_to_target(metrics: list[dict], target: float) -> dict:
+    """First iteration whose smoothed training reward reaches ``target``: seconds, NFE and gradient steps then."""
+    rewards = [m["reward_mean"] for m in metrics]
+    for i in range(len(rewards)):
+        window = rewards[max(0, i - SMOOTHING + 1): i + 1]
+        if sum(window) / len(window) >= target:
+            row = metrics[i]
+            return {"time_to_target_s": row["train_seconds"], "nfe_to_target": row["nfe_cumulative"],
+                    "steps_to_target": row["grad_steps"]}
+    return {"time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
+
+
+def summarise_run(trainer: Trainer, target: float) -> dict:
+    metrics, final = trainer.metrics, trainer.evaluations[-1]
+    tail = [m["reward_mean"] for m in metrics[-SMOOTHING:]]
+    return {
+        **time_to_target(metrics, target),
+        "final_reward": sum(tail) / len(tail),
+        "final_eval_reward": final["reward_mean"],
+        "final_accuracy": final["accuracy"],
+        "judge_accuracy": final["judge_accuracy"],
+        "judge_gap": final["judge_gap"],
+        "diversity": final["diversity"],
+        "base_accuracy": trainer.evaluations[0]["accuracy"],
+        "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
+        "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
+    }
+
+
+def _aggregate(per_seed: list[dict]) -> dict:
+    out = {}
+    for key in per_seed[0]:
+        values = [run[key] for run in per_seed]
+        reached = [v for v in values if v is not None]
+        if key.endswith("to_target") or key.endswith("to_target_s"):
+            out[key] = statistics.median(reached) if len(reached) == len(values) else None
+            out[f"{key}_reached"] = f"{len(reached)}/{len(values)}"
+        else:
+            out[key] = statistics.mean(values)
+            if len(values) > 1:
+                out[f"{key}_std"] = statistics.stdev(values)
+    return out
+
+
+def run_compare(out: str | Path, *, task: str = "digit", seeds: int = 1, quick: bool = False,
+                algorithms=ALGORITHMS, overrides: list[str] | None = None) -> dict:
+    out = Path(out)
+    budget = ["iterations=30", "eval.every=10"] if quick else ["iterations=80", "eval.every=10"]
+    target = TARGETS[task]
+    runs: dict[str, list[dict]] = {}
+    curves: dict[str, list[list[dict]]] = {}
+    for algo in algorithms:
+        for seed in range(seeds):
+            config = build(algo, task, seed, budget + list(overrides or []))
+            trainer = Trainer(config, out / "runs" / f"{algo}_seed{seed}")
+            trainer.train()
+            runs.setdefault(algo, []).append(summarise_run(trainer, target))
+            curves.setdefault(algo, []).append(trainer.metrics)
+    summary = {"task": task, "target_reward": target, "seeds": seeds, "budget": budget,
+               "algorithms": {algo: _aggregate(r) for algo, r in runs.items()},
+               "per_seed": runs}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "summary.md", markdown_table(summary))
+    for x_key, label in (("train_seconds", "wall-clock seconds"), ("nfe_cumulative", "NFE per sample"),
+                         ("grad_steps", "gradient steps")):
+        plot_curves(curves, x_key, label, target, out / f"reward_vs_{x_key}.png")
+    return summary
+
+
+def markdown_table(summary: dict) -> str:
+    keys = ["time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward", "final_accuracy",
+            "judge_gap", "diversity", "seconds_per_iteration", "nfe_per_sample_per_iteration"]
+    lines = [f"Task `{summary['task']}`, target reward {summary['target_reward']}, {summary['seeds']} seed(s).", "",
+             "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for algo, row in summary["algorithms"].items():
+        cells = ["—" if row[k] is None else (f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k])) for k in keys]
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(curves: dict, x_key: str, label: str, target: float, path: Path) -> None:
+    """Mean training reward (seed band: min to max over seeds) against ``x_key``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6, 4))
+    for algo, seeds in curves.items():
+        length = min(len(run) for run in seeds)
+        x = [statistics.mean(run[i][x_key] for run in seeds) for i in range(length)]
+        values = [[run[i]["reward_mean"] for run in seeds] for i in range(length)]
+        axis.plot(x, [statistics.mean(v) for v in values], label=algo)
+        if len(seeds) > 1:
+            axis.fill_between(x, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+    axis.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    axis.set(xlabel=label, ylabel="mean training reward")
+    axis.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
