@@ -34,7 +34,8 @@ VelocityModel = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
 class NoisedPairs(NamedTuple):
     """The B*K model inputs of a batch of samples and their pairs, with the pieces the losses need.
 
-    ``sample``, ``noise`` and ``z`` are ``(B, K, *D)``; ``t`` is ``(B, K)``; ``cond`` is repeated to ``B*K`` rows.
+    ``sample``, ``noise`` and ``z`` are ``(B, K, *D)``; ``t`` is ``(B, K)``; ``cond`` is repeated to ``B*K`` rows;
+    ``weight`` ``(B, K)`` holds the pairs' importance weights (``None``: all 1).
     """
 
     sample: torch.Tensor
@@ -42,6 +43,7 @@ class NoisedPairs(NamedTuple):
     z: torch.Tensor
     t: torch.Tensor
     cond: object
+    weight: torch.Tensor | None = None
 
 
 def repeat_rows(cond, repeats: int):
@@ -140,7 +142,11 @@ class ELBOSurrogate:
         noise = torch.randn((num_sets, k, *data_shape), **options)
         if index is not None:
             t, noise = t[index], noise[index]
-        return TensorDict({"t": t, "noise": noise}, batch_size=[batch, k], device=sample.device)
+        pairs = TensorDict({"t": t, "noise": noise}, batch_size=[batch, k], device=sample.device)
+        importance_weight = getattr(self.timesteps, "importance_weight", None)
+        if importance_weight is not None:
+            pairs["weight"] = importance_weight(t)
+        return pairs
 
     def noised(self, sample: torch.Tensor, cond, pairs: TensorDictBase) -> NoisedPairs:
         """Build the ``B * K`` model inputs ``z_t = a_t x + b_t eps`` of a batch and its pairs."""
@@ -158,7 +164,7 @@ class ELBOSurrogate:
             raise ValueError(f"cond must have batch size {batch}, got {tuple(cond.shape)}.")
         x = sample.unsqueeze(1).expand_as(noise)
         z = self.path.add_noise(x, noise, t)
-        return NoisedPairs(x, noise, z, t, repeat_rows(cond, t.shape[1]))
+        return NoisedPairs(x, noise, z, t, repeat_rows(cond, t.shape[1]), pairs.get("weight", None))
 
     def predict(self, model: VelocityModel, inputs: NoisedPairs) -> torch.Tensor:
         """The model's velocity at every pair, ``(B, K, *D)``, in one batched forward (or ``chunk_size`` chunks)."""
@@ -178,10 +184,11 @@ class ELBOSurrogate:
         return v.view_as(inputs.z)
 
     def pair_loss(self, v: torch.Tensor, inputs: NoisedPairs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weighted denoising loss ``(B, K)`` of velocities ``v`` at ``inputs``, and the data prediction."""
+        """Weighted denoising loss ``(B, K)`` of velocities ``v`` at ``inputs`` (times the pairs' importance
+        weights, if any), and the data prediction."""
         x_pred = self.path.x_from_v(inputs.z, v, inputs.t)
         loss = self.weighting(v, inputs.sample, inputs.noise, inputs.z, inputs.t, self.path, x_pred)
-        return loss, x_pred
+        return (loss if inputs.weight is None else loss * inputs.weight), x_pred
 
     def evaluate(self, model: VelocityModel, sample: torch.Tensor, cond, pairs: TensorDictBase) -> TensorDict:
         """Per-pair surrogate and data predictions: TensorDict ``(B, K)`` with ``"log_prob"`` = minus the
