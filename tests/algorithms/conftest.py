@@ -1,0 +1,29 @@
+"""Shared fixtures: a tiny, fast testbed configuration on the 8x8 digits."""
+
+from __future__ import annotations
+
+import pytest
+
+from algorithms.cli import build_config
+
+TINY = [
+    "task=digits8",
+    "iterations=2",
+    "prompts_per_iteration=4",
+    "group_size=4",
+    "rollout.num_steps=6",
+    "eval.per_prompt=3",
+    "eval.num_steps=6",
+    "eval.every=0",
+    "checkpoint_every=1",
+]
+
+
+@pytest.fixture
+def tiny_config():
+    """``tiny_config(algo, *overrides)`` -> a TrainConfig that runs an iteration in about a second."""
+
+    def make(algo: str = "vgrpo", *overrides: str):
+        return build_config(algo, None, "testbed", TINY + list(overrides))
+
+    return make

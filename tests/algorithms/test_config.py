@@ -1,0 +1,60 @@
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from algorithms.config import TrainConfig, apply_overrides, valid_keys
+from algorithms.presets import preset_overrides
+
+
+def test_json_round_trip_of_an_overridden_config():
+    config = apply_overrides(TrainConfig(), ["vgrpo.num_pairs=8", "optim.minibatch_size=32", "advantage.soft_clip=3"])
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config
+    assert config.vgrpo.num_pairs == 8 and config.optim.minibatch_size == 32 and config.advantage.soft_clip == 3.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 64), st.floats(1e-6, 1.0), st.sampled_from(["none", "3", "0.5"]))
+def test_overrides_are_typed(num_pairs, lr, soft_clip):
+    config = apply_overrides(
+        TrainConfig(), [f"vgrpo.num_pairs={num_pairs}", f"optim.lr={lr!r}", f"advantage.soft_clip={soft_clip}"]
+    )
+    assert config.vgrpo.num_pairs == num_pairs and config.optim.lr == lr
+    assert config.advantage.soft_clip == (None if soft_clip == "none" else float(soft_clip))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("nope=1", "Unknown config key 'nope'"),
+        ("vgrpo.nope=1", "Unknown config key 'vgrpo.nope'"),
+        ("nosection.lr=1", "Unknown config section 'nosection'"),
+        ("optim.lr=fast", "expected float"),
+        ("optim.lr=-1", "optim.lr must be > 0"),
+        ("group_size=1", "group_size must be >= 2"),
+        ("algo=ppo", "Unknown algorithm 'ppo'"),
+        ("flow_grpo.window_size=99", "window_size must be in 1..rollout.num_steps"),
+        ("iterations", "must look like key=value"),
+    ],
+)
+def test_bad_overrides_name_the_problem(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(TrainConfig(), [override])
+
+
+def test_every_valid_key_can_be_set_from_the_command_line():
+    config = TrainConfig()
+    for key in valid_keys():
+        section, _, name = key.rpartition(".")
+        value = getattr(getattr(config, section) if section else config, name)
+        text = "none" if value is None else str(value)
+        assert apply_overrides(config, [f"{key}={text}"]) == config
+
+
+def test_presets_apply_and_unknown_preset_is_refused():
+    for algo in ("vgrpo", "flow_grpo", "diffusion_nft"):
+        apply_overrides(TrainConfig(algo=algo), preset_overrides("testbed", algo))
+    assert "task=sd3.5-medium" in preset_overrides("sd3.5-medium", "vgrpo")
+    with pytest.raises(ValueError, match="Unknown preset 'sd4'"):
+        preset_overrides("sd4", "vgrpo")

@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from benchmarks.compare import time_to_target
+from benchmarks.estimator_stats import (
+    coefficient_of_variation,
+    gradient_agreement,
+    mc_noise_share,
+    spearman,
+    within_group_cv,
+    within_group_rank_agreement,
+)
+
+
+def test_noise_free_draws_have_zero_cv_and_full_agreement():
+    draws = torch.tensor([[1.0, 2.0, 3.0, 4.0]]).repeat(6, 1)
+    group = torch.tensor([0, 0, 1, 1])
+    assert coefficient_of_variation(draws) == 0.0
+    assert within_group_cv(draws, group) == 0.0
+    assert mc_noise_share(draws, group) == 0.0
+    assert within_group_rank_agreement(draws, group) == pytest.approx(1.0)
+
+
+def test_a_shift_shared_by_the_group_is_not_within_group_noise():
+    # Each draw adds one random offset to every member of a group: the surrogates fluctuate (CV > 0) but
+    # the within-group standing does not, which is exactly what group-shared pairs buy.
+    generator = torch.Generator().manual_seed(0)
+    base = torch.tensor([1.0, 2.0, 3.0, 5.0])
+    group = torch.tensor([0, 0, 1, 1])
+    offsets = torch.randn(200, 2, generator=generator)[:, group]
+    draws = base + offsets
+    assert coefficient_of_variation(draws) > 0.2
+    assert within_group_cv(draws, group) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_pure_noise_is_all_monte_carlo_noise():
+    generator = torch.Generator().manual_seed(1)
+    draws = 10 + torch.randn(4000, 8, generator=generator, dtype=torch.float64)
+    share = mc_noise_share(draws, torch.arange(8) // 4)
+    # Every member has the same expectation, so the within-group variance is all noise: share -> 1
+    # (tolerance 0.02 at 4000 draws).
+    assert share == pytest.approx(1.0, abs=0.02)
+
+
+def test_spearman_closed_forms():
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert spearman(a, a**3) == pytest.approx(1.0)
+    assert spearman(a, -a) == pytest.approx(-1.0)
+    # One adjacent swap among n = 5: rho = 1 - 6 * 2 / (5 * 24) = 0.9.
+    assert spearman(a, torch.tensor([2.0, 1.0, 3.0, 4.0, 5.0])) == pytest.approx(0.9)
+
+
+def test_gradient_agreement_closed_forms():
+    identical = gradient_agreement(torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]))
+    assert identical == {"gradient_cosine": pytest.approx(1.0), "gradient_relative_variance": pytest.approx(0.0)}
+    orthogonal = gradient_agreement(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    # mean (0.5, 0.5): each draw is sqrt(0.5) away, relative variance 0.5 / 0.5 = 1.
+    assert orthogonal["gradient_cosine"] == pytest.approx(0.0)
+    assert orthogonal["gradient_relative_variance"] == pytest.approx(1.0)
+
+
+def test_time_to_target_uses_the_smoothed_reward():
+    rows = [
+        {"reward_mean": r, "train_seconds": 10.0 * (i + 1), "nfe_cumulative": 14 * (i + 1), "grad_steps": i + 1}
+        for i, r in enumerate([0.1, 0.9, 0.2, 0.8, 0.9, 0.95])
+    ]
+    # Moving averages over 3: 0.1, 0.5, 0.4, 0.633, 0.633, 0.883 -> first >= 0.8 at index 5.
+    assert time_to_target(rows, 0.8) == {"time_to_target_s": 60.0, "nfe_to_target": 84, "steps_to_target": 6}
+    assert time_to_target(rows, 0.99)["time_to_target_s"] is None
