@@ -216,6 +216,8 @@ class FlowGRPOLoss(_PolicyLoss):
         super().__init__()
         if (ref_model is None) != (kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        if not noise_level > 0:
+            raise ValueError(f"noise_level must be > 0 (0 has no transition density: NaN log-probs), got {noise_level}.")
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.noise_level, self.log_prob_reduction, self.adv_clip = noise_level, log_prob_reduction, adv_clip
         low, high = _clip_range(clip_epsilon)

@@ -157,6 +157,11 @@ def sample_sde(
         (the behaviour policy's log-density of each transition: Flow-GRPO's old log-probs).
     """
     grid = _check_grid(grid)
+    if not noise_level > 0:
+        raise ValueError(
+            f"noise_level must be > 0 for recorded SDE steps (0 has no density: NaN log-probs), got {noise_level}; "
+            "use sample_euler for the deterministic ODE."
+        )
     num_steps = len(grid) - 1
     stochastic = set(range(num_steps)) if sde_steps is None else set(sde_steps)
     if not stochastic or not stochastic <= set(range(num_steps)):
