@@ -244,6 +244,11 @@ class FlowGRPOLoss(_PolicyLoss):
         cond = self._cond(batch)
         mean, std = sde_step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
         log_prob = gaussian_log_prob(z_next, mean, std, self.log_prob_reduction)
+        if advantage.shape != log_prob.shape or old_log_prob.shape != log_prob.shape:
+            raise ValueError(
+                f"advantage {tuple(advantage.shape)} and old_log_prob {tuple(old_log_prob.shape)} must have one entry "
+                f"per transition, {tuple(log_prob.shape)} after flattening the batch."
+            )
         log_ratio = log_prob - old_log_prob
         out = {
             "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
