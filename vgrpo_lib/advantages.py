@@ -103,7 +103,9 @@ def group_statistics(reward: torch.Tensor, group: torch.Tensor) -> dict[str, tor
     """Per-prompt reward statistics: ``mean``, ``std``, ``count`` per group (``[n]``, in sorted group-id order),
     and ``zero_std_fraction``, the share of groups whose rewards are all equal (they carry no signal)."""
     groups = make_groups(group)
+    check_batch("reward", reward, group.shape[0], ndim=1)
     reward = reward.float() if not reward.is_floating_point() else reward
+    check_finite("reward", reward)
     mean, std = _segment_mean_std(reward, groups)
     constant = _is_constant(reward, groups)
     return {"mean": mean, "std": std, "count": groups.count, "zero_std_fraction": constant.float().mean()}
