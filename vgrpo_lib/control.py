@@ -83,7 +83,8 @@ class Piecewise:
 
 @dataclass(frozen=True)
 class Warmup:
-    """Linear warm-up from 0 over ``steps`` steps into ``schedule`` (whose step count starts after warm-up)."""
+    """Linear warm-up into ``schedule`` (whose step count starts after the warm-up): at step ``s < steps`` the
+    value is ``schedule(0) * (s + 1) / (steps + 1)``, so the first step already moves (never a zero rate)."""
 
     schedule: Schedule
     steps: int

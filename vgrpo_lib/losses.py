@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from vgrpo_lib._checks import check_key
+from vgrpo_lib._checks import check_key, choose
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.objectives import (
     clip_fraction,
@@ -26,7 +26,7 @@ from vgrpo_lib.objectives import (
     ratio_diagnostics,
     x_space_kl,
 )
-from vgrpo_lib.sde import gaussian_log_prob, sde_step_mean_std
+from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, gaussian_log_prob, sde_step_mean_std
 from vgrpo_lib.weighting import mean_over_data
 
 
@@ -219,7 +219,8 @@ class FlowGRPOLoss(_PolicyLoss):
         if not noise_level > 0:
             raise ValueError(f"noise_level must be > 0 (0 has no transition density: NaN log-probs), got {noise_level}.")
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
-        self.noise_level, self.log_prob_reduction, self.adv_clip = noise_level, log_prob_reduction, adv_clip
+        self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
+        self.noise_level, self.adv_clip = noise_level, adv_clip
         low, high = _clip_range(clip_epsilon)
         self.register_buffer("clip_low", torch.tensor(low))
         self.register_buffer("clip_high", torch.tensor(high))

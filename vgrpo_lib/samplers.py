@@ -29,8 +29,9 @@ Callback = Callable[[dict], None] | None
 
 
 def time_grid(num_steps: int, shift: float = 1.0, t_max: float = 1.0, t_min: float = 0.0) -> list[float]:
-    """``num_steps + 1`` decreasing times from ``t_max`` to ``t_min``, warped by the SD3 shift
-    ``s t / (1 + (s - 1) t)`` (``shift = 3`` for SD3 at 1024px; 1 = uniform)."""
+    """``num_steps + 1`` decreasing times: uniform from ``t_max`` to ``t_min``, then warped by the SD3 shift
+    ``s t / (1 + (s - 1) t)`` (``shift = 3`` for SD3 at 1024px; 1 = uniform). The shift moves interior end
+    points too (``t_max = 0.98`` with ``shift = 3`` starts at 0.993); 0 and 1 stay fixed."""
     check_positive_int("num_steps", num_steps)
     if shift <= 0:
         raise ValueError(f"shift must be > 0, got {shift}.")
