@@ -110,7 +110,8 @@ class VelocityMLP(nn.Module):
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         _check_image(x_t, self.image_shape, "VelocityMLP")
         batch = x_t.shape[0]
-        t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(batch) if torch.as_tensor(t).ndim == 0 else t
+        t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device)
+        t = t.expand(batch) if t.ndim == 0 else t
         if t.shape != (batch,):
             raise ValueError(f"t must have shape ({batch},), got {tuple(t.shape)}")
         cond = cond.reshape(batch, -1) if cond.ndim == 1 else cond
@@ -122,12 +123,12 @@ class VelocityMLP(nn.Module):
         if ((cond < 0) | (cond > NULL_ID)).any():
             raise ValueError(f"prompt ids must lie in 0..{NULL_ID} ({NULL_ID} = null prompt)")
         emb = self.prompt_table(cond + self.slot_offset).sum(dim=1)
-        emb = self.emb_act(emb + self.time_mlp(self._time_embedding(t.to(x_t.dtype))))
+        emb = self.emb_act(emb + self.time_mlp(self._time_embedding(t)))
         h = self.inp(x_t.reshape(batch, -1))
         for block in self.blocks:
             h = block(h, emb)
         x_hat = self.out(self.out_norm(h)).reshape(x_t.shape)
-        return (x_t - x_hat) / t.clamp_min(self.t_min).view(-1, *[1] * (x_t.ndim - 1)).to(x_t.dtype)
+        return (x_t - x_hat) / t.clamp_min(self.t_min).view(-1, *[1] * (x_t.ndim - 1))
 
 
 class DigitClassifier(nn.Module):

@@ -6,11 +6,12 @@
 Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safetensors`` and
 ``checkpoints/NAME.json`` (see :mod:`integrations.testbed.checkpoints`). Classifiers come before
 policies because a policy's model card reports the label accuracy of its samples as judged by the
-classifier and the judge. ``all`` trains everything (about 10 minutes on 2 CPU cores).
+classifier and the judge. ``all`` trains everything (about 5 minutes on 2 shared CPU cores, most
+of it the CNN classifier; the runs are bitwise reproducible on one machine).
 
 The policies are pretrained with the core library's own loss (``vgrpo_lib.elbo.ELBOSurrogate``
-with ``weighting="v"``: minus the flow-matching loss), so the RL surrogate and the pretraining
-objective are the same function.
+with ``weighting="v"``: minus the flow-matching loss on the velocity that the x-predicting MLP
+implies), so the RL surrogate and the pretraining objective are the same function.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from integrations.testbed.checkpoints import CHECKPOINT_NAMES, load_pretrained, save_checkpoint
+from integrations.testbed.checkpoints import CHECKPOINT_NAMES, save_checkpoint
 from integrations.testbed.data import load_digits8, load_mnist, make_pairs, to_model_space
 from integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP
 from integrations.testbed.sampling import sample_images

@@ -10,7 +10,8 @@ computed without gradients (GRPO-style algorithms only need their values).
   scores high when BOTH halves are right.
 * ``DigitCorrect``: 1 when the classifier's top class is the prompted digit in every slot, else 0.
 * ``StrokeThickness``: a continuous, prompt-independent preference-like reward: closeness of the
-  mean stroke width to a target; samples of one prompt differ only a little, like aesthetic scores.
+  mean stroke width to a target (thin, crisp strokes by default); samples of one prompt differ only
+  a little, like aesthetic scores.
 * ``WeightedReward``: a weighted sum of named rewards (multi-reward), with the components available
   separately for per-reward normalisation.
 """
@@ -60,10 +61,14 @@ def split_slots(images: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 @torch.no_grad()
 def slot_logits(classifier: nn.Module, images: torch.Tensor, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Classifier logits of every slot, ``(B, S, 10)``, and the prompts as ``(B, S)`` (validated)."""
+    """Classifier logits of every slot, ``(B, S, 10)``, and the prompts as ``(B, S)`` (validated).
+
+    The images are moved to the classifier's device; the results come back on the images' device.
+    """
     slots = check_images(images, prompts, classifier.image_size)
-    logits = classifier(split_slots(images, slots)).view(images.shape[0], slots, -1)
-    return logits, prompts.view(images.shape[0], slots)
+    device = next(classifier.parameters()).device
+    logits = classifier(split_slots(images, slots).to(device)).view(images.shape[0], slots, -1)
+    return logits.to(images.device), prompts.view(images.shape[0], slots).to(images.device)
 
 
 class DigitProbability:
@@ -112,13 +117,14 @@ def stroke_thickness(images: torch.Tensor) -> torch.Tensor:
 class StrokeThickness:
     """Preference-like reward ``exp(-((width - target) / tolerance)^2 / 2)`` in ``(0, 1]``.
 
-    ``width`` is :func:`stroke_thickness`. The default target (3.5 px, about the 95th percentile of
-    real MNIST) asks for bold strokes that the base policy rarely draws; the reward ignores the
-    prompt, so on its own it can be hacked by blobs that no longer look like the digit (watch the
-    judge accuracy).
+    ``width`` is :func:`stroke_thickness`. The default target, 2.0 px (about the 25th percentile of
+    real MNIST, median 2.4 px), asks for thin, crisp strokes: the CFG-free base policy draws soft,
+    blurry digits that measure ~3.1 +- 0.4 px (reward ~0.55), while real digits score ~0.9. The
+    reward ignores the prompt, so on its own it can be hacked by faint scribbles that no longer look
+    like the digit (watch the judge accuracy).
     """
 
-    def __init__(self, target: float = 3.5, tolerance: float = 1.0):
+    def __init__(self, target: float = 2.0, tolerance: float = 1.0):
         if tolerance <= 0:
             raise ValueError(f"tolerance must be > 0, got {tolerance}")
         self.target, self.tolerance = float(target), float(tolerance)

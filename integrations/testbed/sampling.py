@@ -33,14 +33,16 @@ def sample_images(
     chunk_size: int = 500,
 ) -> torch.Tensor:
     """Sample one image per prompt: ``prompts`` int64 ``(B,)`` or ``(B, S)`` -> images ``(B, *policy.image_shape)``
-    in ``[0, 1]``.
+    in ``[0, 1]``, on the policy's device.
 
     ``num_steps`` solver steps on ``time_grid(num_steps, shift)``; ``cfg_scale = 1`` is CFG-free
-    (the setting RL trains and evaluates in); ``method`` is any ``sample_ode`` solver. The noise is
-    drawn from ``generator`` (all of it up front, so the result does not depend on ``chunk_size``);
-    rows are integrated ``chunk_size`` at a time to bound memory.
+    (the setting RL trains and evaluates in); ``method`` is any ``sample_ode`` solver. All the noise
+    is drawn up front on the CPU from ``generator``, so a seed gives the same images on any device
+    and for any ``chunk_size``; rows are integrated ``chunk_size`` at a time to bound memory.
     """
-    noise = torch.randn((prompts.shape[0], *policy.image_shape), generator=generator)
+    device = next(policy.parameters()).device
+    noise = torch.randn((prompts.shape[0], *policy.image_shape), generator=generator).to(device)
+    prompts = prompts.to(device)
     model = classifier_free_guidance(policy, null_prompts, cfg_scale)
     grid = time_grid(num_steps, shift=shift)
     out = [sample_ode(model, z, c, grid, method=method) for z, c in zip(noise.split(chunk_size), prompts.split(chunk_size))]

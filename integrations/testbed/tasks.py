@@ -4,7 +4,7 @@
 |---------------|----------|-------------------|----------------------------------------------|-----------------|
 | ``digit``       | 28x28    | one digit ``(B,)``  | classifier probability of the digit          | ``digit_policy``  |
 | ``pair``        | 28x56    | two digits ``(B,2)``| product of the two halves' probabilities     | ``pair_policy``   |
-| ``style``       | 28x28    | one digit         | stroke thickness near a bold target          | ``digit_policy``  |
+| ``style``       | 28x28    | one digit         | stroke width near a thin target (2 px)       | ``digit_policy``  |
 | ``digit_style`` | 28x28    | one digit         | 1.0 * digit probability + 0.5 * thickness    | ``digit_policy``  |
 | ``digits8``     | 8x8      | one digit         | 8x8 classifier probability                   | ``digits8_policy``|
 
@@ -25,7 +25,6 @@ from torch import nn
 
 from integrations.testbed.checkpoints import load_pretrained
 from integrations.testbed.evaluation import evaluate
-from integrations.testbed.models import NULL_ID
 from integrations.testbed.rewards import (
     DigitProbability,
     Reward,
@@ -33,7 +32,7 @@ from integrations.testbed.rewards import (
     WeightedReward,
     check_images,
 )
-from integrations.testbed.sampling import sample_images
+from integrations.testbed.sampling import null_prompts, sample_images
 
 
 @lru_cache(maxsize=None)
@@ -83,8 +82,8 @@ class Task:
         return self.all_prompts().repeat_interleave(per_prompt, dim=0)
 
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
-        """The null-prompt condition (every id ``NULL_ID``) with the shape of ``cond``, for CFG."""
-        return torch.full_like(cond, NULL_ID)
+        """The null-prompt condition (every id ``NULL_ID`` = 10) with the shape of ``cond``, for CFG."""
+        return null_prompts(cond)
 
     def load_policy(self) -> nn.Module:
         """A fresh, trainable float32 copy of the task's base policy."""
@@ -139,7 +138,7 @@ TASKS: dict[str, Task] = {
              "digit_policy", "classifier", "judge", _digit_probability),
         Task("pair", "two prompted digits side by side ('3 then 7'), 28x56, both halves must be right",
              (1, 28, 56), 2, "pair_policy", "classifier", "judge", _digit_probability),
-        Task("style", "one prompted digit, 28x28, preference-like reward: bold strokes (~3.5 px)",
+        Task("style", "one prompted digit, 28x28, preference-like reward: thin crisp strokes (~2 px)",
              (1, 28, 28), 1, "digit_policy", "classifier", "judge", _stroke_thickness),
         Task("digit_style", "one prompted digit, 28x28, weighted multi-reward: digit probability + 0.5 thickness",
              (1, 28, 28), 1, "digit_policy", "classifier", "judge", _digit_style),

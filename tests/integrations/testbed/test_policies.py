@@ -67,3 +67,14 @@ def test_policy_follows_the_pretraining_convention_and_its_prompt():
         right = surrogate(policy, x, labels[:200], pairs)
         wrong = surrogate(policy, x, (labels[:200] + 1) % 10, pairs)
     assert (right > wrong).float().mean() > 0.8
+
+
+def test_style_reward_leaves_headroom_that_real_digits_reach():
+    task = get_task("style")
+    prompts = task.eval_prompts(10)
+    images = task.sample(task.load_policy(), prompts, num_steps=20, generator=torch.Generator().manual_seed(0))
+    base = task.reward()(images, prompts)
+    real_images, real_labels = load_mnist("eval")
+    real = task.reward()(real_images, real_labels)
+    assert 0.3 < base.mean() < 0.75 and real.mean() > base.mean() + 0.15
+    assert 0.02 < base.std() < 0.35  # small within-prompt differences, but not none
