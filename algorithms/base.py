@@ -18,6 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from algorithms.config import TrainConfig
+from integrations.distributed import Shard
 from vgrpo_lib.samplers import nfe_per_sample, sample_ode, time_grid
 
 
@@ -37,6 +38,9 @@ class Algorithm:
         self.config, self.policy, self.sample_shape, self.reference = config, policy, tuple(sample_shape), reference
         self.grid = time_grid(config.rollout.num_steps, shift=config.rollout.shift)
         self.loss_module: nn.Module | None = None
+        # This process's block of the global batch; the trainer sets it in multi-process runs. Batch-sized random
+        # draws go through it (drawn globally, block kept) so that W processes reproduce one.
+        self.shard = Shard()
 
     @staticmethod
     def needs_reference(config: TrainConfig) -> bool:
@@ -57,7 +61,7 @@ class Algorithm:
     @torch.no_grad()
     def rollout(self, cond, group: torch.Tensor, generator: torch.Generator, iteration: int) -> TensorDict:
         """Deterministic ODE rollout from Gaussian noise: ``"sample"`` ``[N, *D]`` in model space."""
-        noise = torch.randn((group.shape[0], *self.sample_shape), generator=generator)
+        noise = self.shard.randn((group.shape[0], *self.sample_shape), generator)
         sample = sample_ode(self.rollout_model(), noise, cond, self.grid, method=self.config.rollout.solver)
         return TensorDict({"sample": sample, "cond": cond, "group": group}, batch_size=[group.shape[0]])
 

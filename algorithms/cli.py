@@ -1,6 +1,8 @@
 """The ``vgrpo`` command: train, sample and evaluate on the embedded testbed.
 
     vgrpo train --algo vgrpo [--task digit] [--preset testbed] [key=value ...] --out RUN_DIR [--resume]
+    torchrun --nproc_per_node N -m algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
+                                                             N processes, see integrations.distributed)
     vgrpo sample [--run RUN_DIR] [--task digit] --per-prompt N --seed S --out FILE.npz
     vgrpo eval --run RUN_DIR
 """
@@ -19,6 +21,7 @@ from algorithms.presets import PRESETS, preset_overrides
 from algorithms.run_dir import RunDir, atomic_write_bytes
 from algorithms.tasks import TASKS, load_task
 from algorithms.trainer import Trainer
+from integrations.distributed import init_from_env
 
 
 def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
@@ -42,16 +45,18 @@ def load_run_policy(run_dir: str | Path):
 
 
 def _train(args) -> int:
-    if args.resume:
-        if args.overrides or args.task or args.algo_given:
-            raise SystemExit("--resume continues a run with its saved config; drop --algo/--task/overrides.")
-        trainer = Trainer.resume(args.out)
-    else:
-        config = build_config(args.algo, args.task, args.preset, args.overrides)
-        trainer = Trainer(config, args.out)
-    evaluations = trainer.train()
-    print_evaluation_table(evaluations[0], evaluations[-1])
-    print(f"run directory: {args.out}")
+    if args.resume and (args.overrides or args.task or args.algo_given):
+        raise SystemExit("--resume continues a run with its saved config; drop --algo/--task/overrides.")
+    with init_from_env() as shard:  # joins the process group under torchrun; a no-op otherwise
+        if args.resume:
+            trainer = Trainer.resume(args.out)
+        else:
+            trainer = Trainer(build_config(args.algo, args.task, args.preset, args.overrides), args.out)
+        evaluations = trainer.train()
+        del trainer  # its DDP wrapper must go before the process group (see integrations.distributed.shutdown)
+    if shard.is_main:
+        print_evaluation_table(evaluations[0], evaluations[-1])
+        print(f"run directory: {args.out}")
     return 0
 
 

@@ -17,6 +17,7 @@ import copy
 import torch
 
 from algorithms.base import Algorithm
+from integrations.distributed import unwrap
 from vgrpo_lib.control import OldPolicyDecay, ema_update_
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import DiffusionNFTLoss
@@ -29,7 +30,7 @@ class DiffusionNFT(Algorithm):
     def __init__(self, config, policy, sample_shape, reference):
         super().__init__(config, policy, sample_shape, reference)
         c = config.diffusion_nft
-        self.old_policy = copy.deepcopy(policy).requires_grad_(False)
+        self.old_policy = copy.deepcopy(unwrap(policy)).requires_grad_(False)
         self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)
         self.num_pairs = c.num_pairs or config.rollout.num_steps
         training_times = DiscreteGrid(self.grid[:-1], stratified=True)
@@ -52,7 +53,9 @@ class DiffusionNFT(Algorithm):
         return self.old_policy
 
     def loss(self, minibatch, generator):
-        minibatch["pairs"] = self.estimator.sample_pairs(minibatch["sample"], generator=generator)
+        # Pairs for the global minibatch on every process, block kept.
+        pairs = self.estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), generator=generator)
+        minibatch["pairs"] = self.shard.local(pairs)
         return self.loss_module(minibatch)
 
     def after_iteration(self, iteration: int) -> None:

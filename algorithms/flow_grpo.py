@@ -47,7 +47,7 @@ class FlowGRPO(Algorithm):
     @torch.no_grad()
     def rollout(self, cond, group, generator, iteration):
         c = self.config.flow_grpo
-        noise = torch.randn((group.shape[0], *self.sample_shape), generator=generator)
+        noise = self.shard.randn((group.shape[0], *self.sample_shape), generator)
         sample, trajectory = sample_sde(
             self.policy,
             noise,
@@ -55,7 +55,9 @@ class FlowGRPO(Algorithm):
             cond,
             noise_level=c.noise_level,
             sde_steps=None if self.window is None else self.window(iteration),
-            generator=generator,
+            # sample_sde draws each step's noise for the local batch: independent per process (not bitwise a
+            # 1-process run, unlike the initial noise); the shared generator stays in sync.
+            generator=self.shard.independent_generator(generator),
             log_prob_reduction=c.log_prob_reduction,
         )
         return TensorDict(

@@ -10,6 +10,9 @@ Costs are measured per phase (rollout, reward, prepare, update) and model evalua
 (see :meth:`algorithms.base.Algorithm.nfe`). A gradient step whose loss or gradient is not finite is skipped
 (weights and optimizer untouched) and counted; ``optim.max_nonfinite_steps`` in a row abort the run.
 Checkpoints carry every RNG stream, so ``resume`` continues exactly.
+
+Launched with torchrun, every process trains its block of whole prompt groups of the global batch and DDP
+averages the gradients; rank 0 alone evaluates and writes files (see :mod:`integrations.distributed`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from algorithms.config import TrainConfig
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.run_dir import RunDir, atomic_write_bytes
 from algorithms.tasks import load_task, to_images
+from integrations.distributed import Shard, all_reduce_metrics, shard_groups, wrap_model
 from vgrpo_lib._checks import check_finite
 from vgrpo_lib.advantages import GroupAdvantage, group_statistics
 from vgrpo_lib.losses import total_loss
@@ -63,6 +67,10 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: bool = True, _resuming: bool = False):
         self.config, self.run, self.progress = config, RunDir(run_dir), progress
+        self.shard = Shard.current()
+        shard_groups(config.prompts_per_iteration, self.shard.world_size, self.shard.rank)  # raises unless divisible
+        if config.optim.minibatch_size is not None:
+            self.shard.check_divisible("optim.minibatch_size", config.optim.minibatch_size)
         if self.run.exists() and not _resuming:
             raise FileExistsError(f"{self.run.root} already holds a run; resume it with --resume or choose another --out.")
         torch.manual_seed(config.seed)
@@ -70,7 +78,9 @@ class Trainer:
         self.policy = self.task.load_policy().requires_grad_(True)
         algorithm_class = ALGORITHM_CLASSES[config.algo]
         reference = copy.deepcopy(self.policy).requires_grad_(False) if algorithm_class.needs_reference(config) else None
-        self.algorithm = algorithm_class(config, self.policy, self.task.image_shape, reference)
+        # DDP's constructor is a collective: no rank passes it before every rank has checked the run directory.
+        self.algorithm = algorithm_class(config, wrap_model(self.policy), self.task.image_shape, reference)
+        self.algorithm.shard = self.shard
         self.reward_fn = self.task.reward()
         a = config.advantage
         self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip)
@@ -120,18 +130,23 @@ class Trainer:
     # -- one iteration -----------------------------------------------------------------------------------
 
     def _prompts(self):
+        """This process's prompt groups: every rank draws the global prompts and keeps its block."""
         c = self.config
         prompts = self.task.sample_prompts(c.prompts_per_iteration, self.generator)
-        cond = prompts.repeat_interleave(c.group_size, dim=0)
-        group = torch.arange(c.prompts_per_iteration).repeat_interleave(c.group_size)
+        block = shard_groups(c.prompts_per_iteration, self.shard.world_size, self.shard.rank)
+        cond = prompts[block].repeat_interleave(c.group_size, dim=0)
+        group = torch.arange(c.prompts_per_iteration)[block].repeat_interleave(c.group_size)
         return cond, group
 
     def _update(self, rows) -> dict[str, float]:
         optim = self.config.optim
+        # Each process takes its share of a global minibatch from its own rows; one minibatch covering all rows is
+        # not shuffled (the order is irrelevant to the step, and a multi-process run then matches a single one).
+        minibatch = rows.shape[0] if optim.minibatch_size is None else optim.minibatch_size // self.shard.world_size
         buffer = ReplayBuffer(
             storage=LazyTensorStorage(rows.shape[0]),
-            sampler=SamplerWithoutReplacement(drop_last=False),
-            batch_size=optim.minibatch_size or rows.shape[0],
+            sampler=SamplerWithoutReplacement(drop_last=False, shuffle=minibatch < rows.shape[0]),
+            batch_size=minibatch,
         )
         buffer.set_rng(self.generator)
         buffer.extend(rows)
@@ -157,7 +172,9 @@ class Trainer:
                             f"gradient (iteration {self.iteration}); lower optim.lr or check the reward."
                         )
                 outputs.append({k: v.detach() for k, v in losses.items()} | {"grad_norm": grad_norm.detach()})
-        return {key: torch.stack([o[key] for o in outputs]).float().mean().item() for key in outputs[0]}
+        keys = list(outputs[0])
+        steps = torch.stack([torch.stack([o[key].float() for key in keys]) for o in outputs])  # [steps, keys]
+        return dict(zip(keys, all_reduce_metrics(steps, keys).mean(0).tolist()))  # global values (processes combined)
 
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""
@@ -166,10 +183,12 @@ class Trainer:
         cond, group = self._prompts()
         batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
-        reward = check_reward(self.reward_fn(to_images(batch["sample"]), cond), group.shape[0], cond)
-        batch["reward"] = reward
-        stats = group_statistics(reward, group)
-        batch = self.advantage(batch)
+        batch["reward"] = check_reward(self.reward_fn(to_images(batch["sample"]), cond), group.shape[0], cond)
+        # The global batch's rewards on every rank (B floats): advantages and logged statistics are global.
+        reward, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
+        stats = group_statistics(reward, groups)
+        advantage = self.advantage(reward, groups)
+        batch["advantage"] = self.shard.local(advantage)
         rewarded = clock()
         rows = self.algorithm.prepare(batch, self.generator)
         prepared = clock()
@@ -185,7 +204,7 @@ class Trainer:
             "reward_mean": reward.mean().item(),
             "reward_std": reward.std().item(),
             "zero_std_fraction": stats["zero_std_fraction"].item(),
-            "advantage_abs_mean": batch["advantage"].abs().mean().item(),
+            "advantage_abs_mean": advantage.abs().mean().item(),
             **losses,
             "rollout_s": rolled - start,
             "reward_s": rewarded - rolled,
@@ -244,16 +263,21 @@ class Trainer:
         plot_run(self.metrics, flat, self.run.root / "reward.png")
 
     def train(self) -> list[dict]:
-        """Run (or continue) until ``config.iterations``; returns the evaluations."""
+        """Run (or continue) until ``config.iterations``; returns the evaluations (rank 0 only evaluates and
+        writes files: the other processes return an empty list)."""
         c = self.config
-        if self.iteration == 0:
+        main = self.shard.is_main
+        if self.iteration == 0 and main:
             self.run.root.mkdir(parents=True, exist_ok=True)
             self.run.write_config(c.to_json())
             self._log(self.evaluate(), "eval")
             self._write_files()
-        bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not self.progress)
+        progress = self.progress and main
+        bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not progress)
         while self.iteration < c.iterations:
             row = self.step()
+            if not main:
+                continue
             self._log(row, "train")
             last = self.iteration == c.iterations
             if last or (c.eval.every and self.iteration % c.eval.every == 0):

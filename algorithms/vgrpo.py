@@ -47,8 +47,10 @@ class VGRPO(Algorithm):
         return config.vgrpo.ref_kl_coef is not None
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
-        pairs = self.estimator.sample_pairs(batch["sample"], batch["group"], generator)
-        batch["pairs"] = pairs
+        # Drawn for the global batch on every process (only shapes and group ids are needed), block kept.
+        shard = self.shard
+        sample, group = shard.global_like(batch["sample"]), shard.all_gather(batch["group"])
+        pairs = batch["pairs"] = shard.local(self.estimator.sample_pairs(sample, group, generator))
         if not self.single_step:
             with torch.no_grad():
                 old = self.estimator.evaluate(self.policy, batch["sample"], batch["cond"], pairs)
