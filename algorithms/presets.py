@@ -8,12 +8,15 @@ they fail with a clear message (see :func:`algorithms.tasks.load_task`).
 from __future__ import annotations
 
 TESTBED = {
-    # One gradient step per rollout with soft-clipped advantages: the paper's preference-stage setting.
-    "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
-    # Flow-GRPO: SDE rollout, per-step clipped ratio, two minibatches per rollout as in the anchor.
-    "flow_grpo": ["optim.lr=3e-4", "optim.minibatch_size=64", "flow_grpo.clip_epsilon=1e-4"],
+    # One gradient step per rollout with soft-clipped advantages (the paper's preference-stage setting) and
+    # an x-space KL to the base policy. Swept on `digit` (60 iterations, seed 0): lr 3e-4 reaches 100% by
+    # iteration 20 but collapses diversity (0.23 -> 0.01); lr 1e-4 without KL 0.03; ref_kl_coef 1 0.06;
+    # ref_kl_coef 3 keeps 0.17 at 96.5% accuracy; ref_kl_coef 10 stalls at 72%.
+    "vgrpo": ["optim.lr=1e-4", "advantage.soft_clip=3.0", "vgrpo.ref_kl_coef=3.0", "iterations=100"],
+    # Flow-GRPO: SDE rollout, per-step clipped ratio, two optimizer steps per rollout as in the anchor.
+    "flow_grpo": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_epsilon=1e-4", "iterations=100"],
     # DiffusionNFT: old-policy rollout, every rollout timestep once per step.
-    "diffusion_nft": ["optim.lr=3e-4"],
+    "diffusion_nft": ["optim.lr=1e-4", "iterations=100"],
 }
 
 PAPER = {

@@ -262,10 +262,12 @@ class Trainer:
         self.run.write_jsonl("eval.jsonl", self.evaluations)
         plot_run(self.metrics, flat, self.run.root / "reward.png")
 
-    def train(self) -> list[dict]:
-        """Run (or continue) until ``config.iterations``; returns the evaluations (rank 0 only evaluates and
-        writes files: the other processes return an empty list)."""
+    def train(self, until: int | None = None) -> list[dict]:
+        """Run (or continue) until ``config.iterations``, or stop after iteration ``until`` with a checkpoint (as
+        a job cut short would); returns the evaluations (rank 0 only evaluates and writes files: the other
+        processes return an empty list)."""
         c = self.config
+        until = c.iterations if until is None else min(until, c.iterations)
         main = self.shard.is_main
         if self.iteration == 0 and main:
             self.run.root.mkdir(parents=True, exist_ok=True)
@@ -274,7 +276,7 @@ class Trainer:
             self._write_files()
         progress = self.progress and main
         bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not progress)
-        while self.iteration < c.iterations:
+        while self.iteration < until:
             row = self.step()
             if not main:
                 continue
@@ -287,7 +289,7 @@ class Trainer:
             else:
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
             self._write_files()
-            if last or self.iteration % c.checkpoint_every == 0:
+            if last or self.iteration == until or self.iteration % c.checkpoint_every == 0:
                 self.run.save_checkpoint(self.iteration, self._state())
             bar.update(1)
         bar.close()

@@ -30,15 +30,21 @@ def test_each_algorithm_runs_two_iterations_end_to_end(algo, tiny_config, tmp_pa
 
 
 def test_single_step_vgrpo_skips_the_old_surrogate_pass_and_counts_nfe(tiny_config, tmp_path):
-    trainer = Trainer(tiny_config("vgrpo", "vgrpo.num_pairs=3"), tmp_path / "run", progress=False)
+    no_kl = ("vgrpo.num_pairs=3", "vgrpo.ref_kl_coef=none")
+    trainer = Trainer(tiny_config("vgrpo", *no_kl), tmp_path / "run", progress=False)
     trainer.train()
     row = trainer.metrics[-1]
     assert row["ratio_mean"] == 1.0 and row["clip_fraction"] == 0.0
     assert (row["nfe_rollout"], row["nfe_prepare"], row["nfe_update"]) == (6, 0, 3)
 
-    several = Trainer(tiny_config("vgrpo", "vgrpo.num_pairs=3", "optim.epochs=2"), tmp_path / "run2", progress=False)
+    several = Trainer(tiny_config("vgrpo", *no_kl, "optim.epochs=2"), tmp_path / "run2", progress=False)
     several.train()
     assert (several.metrics[-1]["nfe_prepare"], several.metrics[-1]["nfe_update"]) == (3, 6)
+
+    # The reference-KL pass costs K more forwards (without grad) per gradient step.
+    with_kl = Trainer(tiny_config("vgrpo", "vgrpo.num_pairs=3", "vgrpo.ref_kl_coef=1.0"), tmp_path / "run3", progress=False)
+    with_kl.train()
+    assert with_kl.metrics[-1]["nfe_update"] == 6 and with_kl.metrics[-1]["ref_kl"] > 0
 
 
 def test_vgrpo_raises_the_reward_on_the_8x8_digits(tiny_config, tmp_path):
@@ -64,11 +70,7 @@ def test_resume_continues_exactly(algo, tiny_config, tmp_path):
     overrides = ["iterations=4", "checkpoint_every=2", "optim.epochs=2", "optim.minibatch_size=8"]
     straight = Trainer(tiny_config(algo, *overrides), tmp_path / "straight", progress=False)
     straight.train()
-    interrupted = Trainer(tiny_config(algo, *overrides), tmp_path / "resumed", progress=False)
-    while interrupted.iteration < 2:
-        interrupted.step()
-    interrupted.run.save_checkpoint(interrupted.iteration, interrupted._state())
-    interrupted._write_files()
+    Trainer(tiny_config(algo, *overrides), tmp_path / "resumed", progress=False).train(until=2)
     resumed = Trainer.resume(tmp_path / "resumed", progress=False)
     resumed.train()
     for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
