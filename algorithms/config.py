@@ -93,6 +93,7 @@ class TrainConfig:
     prompts_per_iteration: int = 8
     group_size: int = 16
     checkpoint_every: int = 10
+    reward_retries: int = 2  # a reward function that raises is retried this many times, then the run fails
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -136,6 +137,8 @@ def validate(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")
+    if config.reward_retries < 0:
+        raise ValueError(f"reward_retries must be >= 0, got {config.reward_retries}.")
     if config.group_size < 2:
         raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs two samples), got {config.group_size}.")
     if config.optim.lr <= 0:

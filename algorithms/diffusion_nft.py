@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from algorithms.base import Algorithm
 from integrations.distributed import unwrap
 from vgrpo_lib.control import OldPolicyDecay, ema_update_

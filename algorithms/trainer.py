@@ -17,10 +17,10 @@ averages the gradients; rank 0 alone evaluates and writes files (see :mod:`integ
 
 from __future__ import annotations
 
-import copy
 import io
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -30,9 +30,8 @@ from tqdm.auto import tqdm
 from algorithms.config import TrainConfig
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.run_dir import RunDir, atomic_write_bytes
-from algorithms.tasks import load_task, to_images
+from algorithms.tasks import load_task, repeat_each
 from integrations.distributed import Shard, all_reduce_metrics, shard_groups, wrap_model
-from vgrpo_lib._checks import check_finite
 from vgrpo_lib.advantages import GroupAdvantage, group_statistics
 from vgrpo_lib.losses import total_loss
 
@@ -51,9 +50,9 @@ def check_reward(reward, num_samples: int, prompts: torch.Tensor) -> torch.Tenso
     bad = ~torch.isfinite(reward)
     if bool(bad.any()):
         index = int(bad.nonzero()[0])
+        prompt = prompts[index].tolist() if isinstance(prompts[index], torch.Tensor) else prompts[index]
         raise RewardError(
-            f"The reward is NaN or inf for {int(bad.sum())} sample(s), first at index {index} "
-            f"(prompt {prompts[index].tolist()})."
+            f"The reward is NaN or inf for {int(bad.sum())} sample(s), first at index {index} (prompt {prompt!r})."
         )
     return reward.float()
 
@@ -75,11 +74,11 @@ class Trainer:
             raise FileExistsError(f"{self.run.root} already holds a run; resume it with --resume or choose another --out.")
         torch.manual_seed(config.seed)
         self.task = load_task(config.task)
-        self.policy = self.task.load_policy().requires_grad_(True)
+        self.policy = self.task.load_policy()
         algorithm_class = ALGORITHM_CLASSES[config.algo]
-        reference = copy.deepcopy(self.policy).requires_grad_(False) if algorithm_class.needs_reference(config) else None
+        reference = self.task.reference_policy(self.policy) if algorithm_class.needs_reference(config) else None
         # DDP's constructor is a collective: no rank passes it before every rank has checked the run directory.
-        self.algorithm = algorithm_class(config, wrap_model(self.policy), self.task.image_shape, reference)
+        self.algorithm = algorithm_class(config, wrap_model(self.policy), self.task.sample_shape, reference)
         self.algorithm.shard = self.shard
         self.reward_fn = self.task.reward()
         a = config.advantage
@@ -130,13 +129,30 @@ class Trainer:
     # -- one iteration -----------------------------------------------------------------------------------
 
     def _prompts(self):
-        """This process's prompt groups: every rank draws the global prompts and keeps its block."""
+        """This process's prompt groups (every rank draws the global prompts and keeps its block): the prompt of
+        each sample, its conditioning and its group id."""
         c = self.config
         prompts = self.task.sample_prompts(c.prompts_per_iteration, self.generator)
         block = shard_groups(c.prompts_per_iteration, self.shard.world_size, self.shard.rank)
-        cond = prompts[block].repeat_interleave(c.group_size, dim=0)
+        prompts = repeat_each(prompts[block], c.group_size)
         group = torch.arange(c.prompts_per_iteration)[block].repeat_interleave(c.group_size)
-        return cond, group
+        return prompts, self.task.condition(prompts), group
+
+    def _reward(self, images: torch.Tensor, prompts) -> torch.Tensor:
+        """The reward, retried ``reward_retries`` times when the reward function raises (a flaky remote or GPU
+        reward model), then checked for shape and finiteness."""
+        for attempt in range(self.config.reward_retries + 1):
+            try:
+                reward = self.reward_fn(images, prompts)
+                break
+            except Exception as error:  # any failure of user code: retried, then reported with its cause
+                if attempt == self.config.reward_retries:
+                    raise RewardError(
+                        f"The reward function raised on {attempt + 1} attempt(s) at iteration {self.iteration}: "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
+                warnings.warn(f"The reward function raised ({error}); retrying ({attempt + 1}/{self.config.reward_retries}).")
+        return check_reward(reward, images.shape[0], prompts)
 
     def _update(self, rows) -> dict[str, float]:
         optim = self.config.optim
@@ -180,10 +196,10 @@ class Trainer:
         """Run one iteration and return its metrics row."""
         clock = time.perf_counter
         start = clock()
-        cond, group = self._prompts()
+        prompts, cond, group = self._prompts()
         batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
-        batch["reward"] = check_reward(self.reward_fn(to_images(batch["sample"]), cond), group.shape[0], cond)
+        batch["reward"] = self._reward(self.task.decode(batch["sample"]), prompts)
         # The global batch's rewards on every rank (B floats): advantages and logged statistics are global.
         reward, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
         stats = group_statistics(reward, groups)

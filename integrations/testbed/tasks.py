@@ -16,6 +16,7 @@ its training classifier AND an independent judge (see :mod:`integrations.testbed
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from integrations.testbed.checkpoints import load_pretrained
+from integrations.testbed.data import to_images
 from integrations.testbed.evaluation import evaluate
 from integrations.testbed.rewards import (
     DigitProbability,
@@ -87,7 +89,24 @@ class Task:
 
     def load_policy(self) -> nn.Module:
         """A fresh, trainable float32 copy of the task's base policy."""
-        return load_pretrained(self.policy_name)
+        return load_pretrained(self.policy_name).requires_grad_(True)
+
+    def reference_policy(self, policy: nn.Module) -> nn.Module:
+        """A frozen copy of ``policy`` (for a KL to the base policy)."""
+        return copy.deepcopy(policy).requires_grad_(False)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """Model-space shape of one sample: the testbed works in pixel space, so ``image_shape``."""
+        return self.image_shape
+
+    def condition(self, prompts: torch.Tensor) -> torch.Tensor:
+        """The policy's conditioning: the prompt ids themselves (the policy embeds them)."""
+        return prompts
+
+    def decode(self, samples: torch.Tensor) -> torch.Tensor:
+        """Model space ``[-1, 1]`` -> images in ``[0, 1]``."""
+        return to_images(samples)
 
     def classifier(self) -> nn.Module:
         """The frozen training classifier (shared instance)."""

@@ -134,3 +134,25 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert cli_main(["train", "--task", "sd3.5-medium", "--out", str(tmp_path / "s")]) == 2
     assert "weights are not available" in capsys.readouterr().err
+
+
+def test_a_raising_reward_is_retried_then_fails_loudly(tiny_config, tmp_path):
+    trainer = Trainer(tiny_config("vgrpo", "reward_retries=2"), tmp_path / "run", progress=False)
+    calls = []
+    real_reward = trainer.reward_fn
+
+    def flaky(images, prompts):
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("reward server busy")
+        return real_reward(images, prompts)
+
+    trainer.reward_fn = flaky
+    with pytest.warns(UserWarning, match="retrying"):
+        trainer.step()
+    assert len(calls) == 3
+
+    trainer.reward_fn = lambda images, prompts: (_ for _ in ()).throw(ConnectionError("reward server down"))
+    with pytest.raises(RewardError, match="raised on 3 attempt.*ConnectionError: reward server down"):
+        with pytest.warns(UserWarning):
+            trainer.step()
