@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from numbers import Real
 
 import torch
 
@@ -40,6 +42,51 @@ def check_positive_int(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return value
+
+
+def check_real(name: str, value) -> float:
+    """Return ``value`` as a float, or raise a TypeError naming ``name`` when it is not a real number."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}.")
+    return float(value)
+
+
+def check_positive(name: str, value, *, allow_inf: bool = False) -> float:
+    """Return ``value`` if it is a real number > 0 (finite unless ``allow_inf``), else raise naming ``name``.
+
+    NaN is refused: ``nan <= 0`` is False, so a plain ``if value <= 0`` check lets it through.
+    """
+    number = check_real(name, value)
+    if not (number > 0 and (allow_inf or math.isfinite(number))):
+        raise ValueError(f"{name} must be > 0{'' if allow_inf else ' and finite'}, got {value!r}.")
+    return number
+
+
+def check_non_negative(name: str, value) -> float:
+    """Return ``value`` if it is a finite real number >= 0, else raise naming ``name``."""
+    number = check_real(name, value)
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(f"{name} must be >= 0 and finite, got {value!r}.")
+    return number
+
+
+def check_tensor(name: str, value) -> torch.Tensor:
+    """Raise a TypeError naming ``name`` when ``value`` is not a torch.Tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}.")
+    return value
+
+
+def check_not_empty(name: str, tensor: torch.Tensor) -> None:
+    """Raise a ValueError when the batch dimension of ``tensor`` is empty (a mean over it would be NaN)."""
+    if tensor.ndim > 0 and tensor.shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch (batch size 0, shape {tuple(tensor.shape)}).")
+
+
+def check_same_device(name: str, tensor: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """Raise a ValueError when two inputs live on different devices (metadata only: no device sync)."""
+    if tensor.device != other.device:
+        raise ValueError(f"{name} is on {tensor.device} but {other_name} is on {other.device}; move them to one device.")
 
 
 def check_key(td, key, what: str) -> None:

@@ -15,7 +15,18 @@ import torch
 from tensordict import TensorDictBase, is_tensor_collection
 from tensordict.nn import TensorDictModuleBase
 
-from vgrpo_lib._checks import check_batch, check_finite, check_key, choose
+from vgrpo_lib._checks import (
+    check_batch,
+    check_finite,
+    check_key,
+    check_non_negative,
+    check_not_empty,
+    check_positive,
+    check_real,
+    check_same_device,
+    check_tensor,
+    choose,
+)
 from vgrpo_lib.objectives import soft_clip as soft_clip_fn
 
 SCALES = ("group", "batch", "none", "rank", "trimmed")
@@ -32,7 +43,8 @@ class Groups(NamedTuple):
 
 def make_groups(group: torch.Tensor) -> Groups:
     """Dense ids for arbitrary integer group labels ``[B]``."""
-    if group.ndim != 1 or group.dtype.is_floating_point or group.dtype == torch.bool:
+    check_tensor("group", group)
+    if group.ndim != 1 or group.dtype.is_floating_point or group.dtype.is_complex or group.dtype == torch.bool:
         raise ValueError(f"group must be a 1-D integer tensor of prompt-group ids, got {group.dtype} {tuple(group.shape)}.")
     unique, index, count = torch.unique(group, return_inverse=True, return_counts=True)
     return Groups(index, count, unique.numel())
@@ -99,10 +111,30 @@ def normalize_rewards(reward: torch.Tensor, groups: Groups, scale: str, eps: flo
     return torch.where(constant, torch.zeros_like(advantage), advantage)
 
 
+def _check_reward(reward, group: torch.Tensor) -> None:
+    """Type, emptiness, device and dtype checks shared by the reward entry points (shapes are checked by each)."""
+    check_tensor("reward", reward)
+    check_not_empty("reward", reward)
+    check_same_device("reward", reward, "group", group)
+    if reward.dtype.is_complex:
+        raise ValueError(f"reward must be real-valued, got dtype {reward.dtype}.")
+
+
+def _check_options(soft_clip, clip, eps, trim) -> None:
+    if soft_clip is not None:
+        check_positive("soft_clip", soft_clip)  # inf would give inf * tanh(0) = NaN
+    if clip is not None:
+        check_positive("clip", clip, allow_inf=True)  # clamp(-c, c) with c <= 0 or NaN is not a clip
+    check_non_negative("eps", eps)  # a negative eps can cancel the group std: +-inf advantages
+    if not 0.0 <= check_real("trim", trim) < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
+
+
 def group_statistics(reward: torch.Tensor, group: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-prompt reward statistics: ``mean``, ``std``, ``count`` per group (``[n]``, in sorted group-id order),
     and ``zero_std_fraction``, the share of groups whose rewards are all equal (they carry no signal)."""
     groups = make_groups(group)
+    _check_reward(reward, group)
     check_batch("reward", reward, group.shape[0], ndim=1)
     reward = reward.float() if not reward.is_floating_point() else reward
     check_finite("reward", reward)
@@ -126,10 +158,13 @@ def group_advantage(
     """Functional form of :class:`GroupAdvantage`: ``reward`` ``[B]`` or ``[B, R]``, ``group`` ``[B]`` -> ``[B]``."""
     choose("advantage scale", scale, SCALES)
     choose("multi-reward aggregation", multi_reward, MULTI_REWARD)
-    if not 0.0 <= trim < 0.5:
-        raise ValueError(f"trim must be in [0, 0.5), got {trim}.")
+    _check_options(soft_clip, clip, eps, trim)
+    check_tensor("group", group)
+    _check_reward(reward, group)
     if reward.ndim not in (1, 2):
         raise ValueError(f"reward must be [B] or [B, R], got shape {tuple(reward.shape)}.")
+    if reward.ndim == 2 and reward.shape[1] == 0:
+        raise ValueError(f"reward [B, R] must hold at least one reward (R >= 1), got shape {tuple(reward.shape)}.")
     check_batch("group", group, reward.shape[0], ndim=1)
     reward = reward if reward.is_floating_point() else reward.float()
     check_finite("reward", reward)
@@ -142,6 +177,7 @@ def group_advantage(
         w = torch.ones(num_rewards) if weights is None else torch.as_tensor(weights, dtype=reward.dtype)
         if w.shape != (num_rewards,):
             raise ValueError(f"weights must have one entry per reward ({num_rewards}), got shape {tuple(w.shape)}.")
+        check_finite("weights", w)
         w = w.to(reward.device, reward.dtype)
         if multi_reward == "sum_then_normalize":
             advantage = normalize_rewards(reward @ w, groups, scale, eps, trim)
@@ -197,10 +233,7 @@ class GroupAdvantage(TensorDictModuleBase):
         super().__init__()
         self.scale = choose("advantage scale", scale, SCALES)
         self.multi_reward = choose("multi-reward aggregation", multi_reward, MULTI_REWARD)
-        if soft_clip is not None and soft_clip <= 0:
-            raise ValueError(f"soft_clip must be > 0, got {soft_clip}.")
-        if clip is not None and clip <= 0:
-            raise ValueError(f"clip must be > 0, got {clip}.")
+        _check_options(soft_clip, clip, eps, trim)
         self.soft_clip, self.clip, self.eps, self.trim, self.weights = soft_clip, clip, eps, trim, weights
         self.in_keys, self.out_keys = list(in_keys), list(out_keys)
 

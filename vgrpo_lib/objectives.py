@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from vgrpo_lib._checks import choose
+from vgrpo_lib._checks import check_positive, choose
 from vgrpo_lib.weighting import mean_over_data
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -43,8 +43,7 @@ def clip_fraction(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low, cl
 
 def soft_clip(advantage: torch.Tensor, eta: float) -> torch.Tensor:
     """``eta * tanh(A / eta)``: V-GRPO's advantage soft-clipping (eta = 3), identity near 0, bounded by eta."""
-    if eta <= 0:
-        raise ValueError(f"soft-clip eta must be > 0, got {eta}.")
+    check_positive("soft-clip eta", eta)  # NaN or inf eta: NaN advantages
     return eta * torch.tanh(advantage / eta)
 
 
