@@ -19,9 +19,18 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
-from vgrpo_lib._checks import check_batch, check_key, check_positive_int, choose
+from vgrpo_lib._checks import (
+    check_batch,
+    check_key,
+    check_not_empty,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    choose,
+)
+from vgrpo_lib.advantages import make_groups
 from vgrpo_lib.paths import Path, make_path
 from vgrpo_lib.timesteps import TimestepSampler, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
@@ -54,9 +63,16 @@ def repeat_rows(cond, repeats: int):
 
 
 def _group_index(group: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense ids ``0..n-1`` for arbitrary group labels, and ``n``."""
-    unique, inverse = torch.unique(group, return_inverse=True)
-    return inverse, unique.numel()
+    """Dense ids ``0..n-1`` for arbitrary integer group labels, and ``n``."""
+    groups = make_groups(group)
+    return groups.index, groups.num_groups
+
+
+def _check_sample(sample) -> None:
+    check_tensor("sample", sample)
+    if not sample.is_floating_point():
+        raise ValueError(f"sample must be a floating-point tensor, got dtype {sample.dtype}.")
+    check_not_empty("sample", sample)
 
 
 class ELBOSurrogate:
@@ -125,13 +141,17 @@ class ELBOSurrogate:
             ``"group"`` sharing the members of a group get identical pairs (an index of one draw per group),
             under ``"batch"`` every sample gets the same pairs.
         """
+        check_tensor("sample", sample)
         if sample.ndim < 2:
             raise ValueError(f"sample must be (B, *D) with at least one data dimension, got {tuple(sample.shape)}.")
+        _check_sample(sample)
         batch, data_shape, k = sample.shape[0], sample.shape[1:], self.num_pairs
         if self.sharing == "group":
             if group is None:
                 raise ValueError('sharing="group" needs the group ids of the samples: sample_pairs(sample, group=...).')
+            check_tensor("group", group)
             check_batch("group", group, batch, ndim=1)
+            check_same_device("group", group, "sample", sample)
             index, num_sets = _group_index(group)
         elif self.sharing == "batch":
             index, num_sets = torch.zeros(batch, dtype=torch.long, device=sample.device), 1
@@ -150,9 +170,14 @@ class ELBOSurrogate:
 
     def noised(self, sample: torch.Tensor, cond, pairs: TensorDictBase) -> NoisedPairs:
         """Build the ``B * K`` model inputs ``z_t = a_t x + b_t eps`` of a batch and its pairs."""
+        _check_sample(sample)
+        if not is_tensor_collection(pairs):
+            raise TypeError(f"pairs must be the TensorDict from ELBOSurrogate.sample_pairs, got {type(pairs).__name__}.")
         for key in ("t", "noise"):
             check_key(pairs, key, "the timestep-noise pairs from ELBOSurrogate.sample_pairs")
         t, noise = pairs["t"], pairs["noise"]
+        check_same_device("pairs['t']", t, "sample", sample)
+        check_same_device("pairs['noise']", noise, "sample", sample)
         batch = sample.shape[0]
         if t.ndim != 2 or t.shape[0] != batch:
             raise ValueError(f"pairs['t'] must be (B, K) with B={batch}, got {tuple(t.shape)}.")

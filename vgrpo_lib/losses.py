@@ -9,13 +9,14 @@ schedule may start it at 0 and no Python branch on a tensor value forces a devic
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from vgrpo_lib._checks import check_key, choose
+from vgrpo_lib._checks import check_key, check_non_negative, check_positive, check_real, choose
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.objectives import (
     clip_fraction,
@@ -31,7 +32,10 @@ from vgrpo_lib.weighting import mean_over_data
 
 
 def _clip_range(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
+    if isinstance(clip_epsilon, (tuple, list)) and len(clip_epsilon) != 2:
+        raise ValueError(f"clip_epsilon must be eps or (eps_low, eps_high), got {clip_epsilon!r}.")
     low, high = clip_epsilon if isinstance(clip_epsilon, (tuple, list)) else (clip_epsilon, clip_epsilon)
+    low, high = check_real("clip_epsilon", low), check_real("clip_epsilon", high)
     if not (0.0 <= low < 1.0 and high >= 0.0):
         raise ValueError(f"clip_epsilon must be >= 0 (and the low side < 1), got {clip_epsilon}.")
     return float(low), float(high)
@@ -52,7 +56,23 @@ class _PolicyLoss(LossModule):
         return None if self.unconditional else self._get(batch, "cond", "the prompt conditioning")
 
     def _register_coefficient(self, name: str, value: float | None) -> None:
+        if value is not None:
+            check_non_negative(name, value)  # NaN would make every loss NaN; a negative KL weight rewards drift
         self.register_buffer(name, None if value is None else torch.tensor(float(value)))
+
+    def _clipped_objective(self, log_prob, old_log_prob, advantage, shape_rule: str) -> dict[str, torch.Tensor]:
+        """The clipped ratio loss of ``log_prob - old_log_prob`` and its detached diagnostics."""
+        if advantage.shape != log_prob.shape or old_log_prob.shape != log_prob.shape:
+            raise ValueError(
+                f"advantage {tuple(advantage.shape)} and old_log_prob {tuple(old_log_prob.shape)} {shape_rule} "
+                f"{tuple(log_prob.shape)}."
+            )
+        log_ratio = log_prob - old_log_prob
+        return {
+            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
+            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
+            **ratio_diagnostics(log_ratio),
+        }
 
 
 class VGRPOLoss(_PolicyLoss):
@@ -144,18 +164,8 @@ class VGRPOLoss(_PolicyLoss):
             old_log_prob = log_prob.detach()
         else:
             old_log_prob = self._get(tensordict, "old_log_prob", "the behaviour policy's surrogates")
-        if advantage.shape != log_prob.shape or old_log_prob.shape != log_prob.shape:
-            raise ValueError(
-                f"advantage {tuple(advantage.shape)} and old_log_prob {tuple(old_log_prob.shape)} must be [B] = "
-                f"{tuple(log_prob.shape)}."
-            )
-        log_ratio = log_prob - old_log_prob
-        out = {
-            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
-            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
-            "surrogate": log_prob.detach().mean(),
-            **ratio_diagnostics(log_ratio),
-        }
+        out = self._clipped_objective(log_prob, old_log_prob, advantage, "must be [B] =")
+        out["surrogate"] = log_prob.detach().mean()
         if self.kl_coef is not None:
             old_x_pred = self._get(tensordict, "old_x_pred", "the behaviour policy's x-predictions, for the KL")
             kl = x_space_kl(x_pred, old_x_pred).mean()
@@ -216,8 +226,11 @@ class FlowGRPOLoss(_PolicyLoss):
         super().__init__()
         if (ref_model is None) != (kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
-        if not noise_level > 0:
-            raise ValueError(f"noise_level must be > 0 (0 has no transition density: NaN log-probs), got {noise_level}.")
+        if not (check_real("noise_level", noise_level) > 0 and math.isfinite(noise_level)):
+            raise ValueError(
+                f"noise_level must be > 0 and finite (0 has no transition density: NaN log-probs), got {noise_level}."
+            )
+        check_positive("adv_clip", adv_clip, allow_inf=True)  # clamp(-c, c) with c <= 0 or NaN is not a clip
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
         self.noise_level, self.adv_clip = noise_level, adv_clip
@@ -236,26 +249,30 @@ class FlowGRPOLoss(_PolicyLoss):
         return ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        if tensordict.batch_size.numel() == 0:
+            raise ValueError(f"The batch of transitions is empty (batch size {tuple(tensordict.batch_size)}).")
         batch = tensordict.reshape(-1)
         z = self._get(batch, "z", "the SDE states")
         z_next = self._get(batch, "z_next", "the sampled next states")
         t, t_next = self._get(batch, "t", "the step times"), self._get(batch, "t_next", "the next step times")
+        # Shape checks only (no device sync): a z_next of another shape, or per-row times that are not one scalar
+        # per transition, would broadcast silently inside the Gaussian density.
+        if z_next.shape != z.shape:
+            raise ValueError(f"z_next {tuple(z_next.shape)} must have the shape of z {tuple(z.shape)}.")
+        for name, value in (("t", t), ("t_next", t_next)):
+            if value.shape != z.shape[:1]:
+                raise ValueError(
+                    f"{name} must hold one time per transition, {tuple(z.shape[:1])} after flattening the batch, "
+                    f"got {tuple(value.shape)}."
+                )
         advantage = self._get(batch, "advantage", "the advantages").clamp(-self.adv_clip, self.adv_clip)
         old_log_prob = self._get(batch, "old_log_prob", "the rollout's transition log-probs")
         cond = self._cond(batch)
         mean, std = sde_step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
         log_prob = gaussian_log_prob(z_next, mean, std, self.log_prob_reduction)
-        if advantage.shape != log_prob.shape or old_log_prob.shape != log_prob.shape:
-            raise ValueError(
-                f"advantage {tuple(advantage.shape)} and old_log_prob {tuple(old_log_prob.shape)} must have one entry "
-                f"per transition, {tuple(log_prob.shape)} after flattening the batch."
-            )
-        log_ratio = log_prob - old_log_prob
-        out = {
-            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
-            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
-            **ratio_diagnostics(log_ratio),
-        }
+        out = self._clipped_objective(
+            log_prob, old_log_prob, advantage, "must have one entry per transition (after flattening the batch):"
+        )
         if self.kl_coef is not None:
             with torch.no_grad():
                 ref_mean, _ = sde_step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
@@ -309,8 +326,9 @@ class DiffusionNFTLoss(_PolicyLoss):
         super().__init__()
         if (ref_model is None) != (kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
-        if strength <= 0 or adv_max <= 0:
-            raise ValueError(f"strength and adv_max must be > 0, got {strength} and {adv_max}.")
+        for name, value in (("strength", strength), ("adv_max", adv_max)):
+            if not (check_real(name, value) > 0 and math.isfinite(value)):
+                raise ValueError(f"strength and adv_max must be > 0 and finite, got {name}={value}.")
         self.model, self.old_model, self.ref_model, self.estimator = model, old_model, ref_model, estimator
         self.strength, self.adv_max, self.unconditional = strength, adv_max, unconditional
         self._register_coefficient("kl_coef", kl_coef)
