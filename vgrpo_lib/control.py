@@ -107,8 +107,8 @@ class AdaptiveKLController:
     """
 
     def __init__(self, init_coef: float, target: float, horizon: int = 10_000):
-        if init_coef < 0 or target <= 0:
-            raise ValueError(f"need init_coef >= 0 and target > 0, got {init_coef}, {target}.")
+        if not (0 <= init_coef < math.inf and 0 < target < math.inf):  # also refuses NaN
+            raise ValueError(f"AdaptiveKLController: need finite init_coef >= 0 and target > 0, got {init_coef}, {target}.")
         _check_steps("horizon", horizon)
         self.value, self.target, self.horizon = float(init_coef), float(target), horizon
 
@@ -135,6 +135,12 @@ class OldPolicyDecay:
 
     rate: float = 0.001
     max_decay: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.rate < math.inf:
+            raise ValueError(f"OldPolicyDecay rate must be finite and >= 0, got {self.rate}.")
+        if not 0.0 <= self.max_decay <= 1.0:
+            raise ValueError(f"OldPolicyDecay max_decay must be in [0, 1], got {self.max_decay}.")
 
     def __call__(self, step: int) -> float:
         return min(self.rate * step, self.max_decay)

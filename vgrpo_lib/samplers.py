@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from vgrpo_lib._checks import check_positive_int, choose
+from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose
 from vgrpo_lib.paths import Path, make_path
 from vgrpo_lib.sde import gaussian_log_prob, sde_step_mean_std
 
@@ -33,17 +33,26 @@ def time_grid(num_steps: int, shift: float = 1.0, t_max: float = 1.0, t_min: flo
     ``s t / (1 + (s - 1) t)`` (``shift = 3`` for SD3 at 1024px; 1 = uniform). The shift moves interior end
     points too (``t_max = 0.98`` with ``shift = 3`` starts at 0.993); 0 and 1 stay fixed."""
     check_positive_int("num_steps", num_steps)
-    if shift <= 0:
-        raise ValueError(f"shift must be > 0, got {shift}.")
+    check_positive("shift", shift)  # NaN or inf: a NaN grid
+    if not 0.0 <= check_real("t_min", t_min) < check_real("t_max", t_max) <= 1.0:
+        raise ValueError(f"time_grid needs 0 <= t_min < t_max <= 1, got t_min={t_min}, t_max={t_max}.")
     uniform = [t_max - (t_max - t_min) * i / num_steps for i in range(num_steps)] + [t_min]
     return [shift * t / (1.0 + (shift - 1.0) * t) for t in uniform]
 
 
 def _check_grid(grid: Sequence[float]) -> list[float]:
     grid = [float(t) for t in grid]
-    if len(grid) < 2 or any(b >= a for a, b in zip(grid, grid[1:])) or grid[0] > 1 or grid[-1] < 0:
+    decreasing = all(a > b for a, b in zip(grid, grid[1:]))  # False for NaN, unlike `b >= a`
+    if len(grid) < 2 or not decreasing or not all(0.0 <= t <= 1.0 for t in grid):
         raise ValueError("grid must be a strictly decreasing sequence of at least 2 times in [0, 1].")
     return grid
+
+
+def _check_state(z) -> None:
+    """Integer states would silently truncate the times and steps (``_times`` uses ``z``'s dtype)."""
+    check_tensor("z", z)
+    if not z.is_floating_point():
+        raise ValueError(f"z (the initial noise) must be a floating-point tensor, got dtype {z.dtype}.")
 
 
 def _times(z: torch.Tensor, t: float) -> torch.Tensor:
@@ -57,6 +66,7 @@ def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
 def sample_euler(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
     """First-order ODE solver ``z <- z + (t_next - t) v``."""
     grid = _check_grid(grid)
+    _check_state(z)
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if callback is not None:
@@ -68,6 +78,7 @@ def sample_euler(model, z: torch.Tensor, grid: Sequence[float], cond=None, callb
 def sample_heun(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
     """Heun's second-order method (trapezoidal correction with a second model call per step)."""
     grid = _check_grid(grid)
+    _check_state(z)
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if callback is not None:
@@ -101,6 +112,7 @@ def sample_dpmpp_2m(
     step (``b_next = 0``) and any step after an infinite ``h`` use first order.
     """
     grid, path = _check_grid(grid), make_path(path)
+    _check_state(z)
     times = torch.tensor(grid, dtype=torch.float64)
     a, b = path.a(times).tolist(), path.b(times).tolist()
     lam = [_half_log_snr(ai, bi) for ai, bi in zip(a, b)]
@@ -158,9 +170,10 @@ def sample_sde(
         (the behaviour policy's log-density of each transition: Flow-GRPO's old log-probs).
     """
     grid = _check_grid(grid)
-    if not noise_level > 0:
+    _check_state(z)
+    if not (check_real("noise_level", noise_level) > 0 and math.isfinite(noise_level)):
         raise ValueError(
-            f"noise_level must be > 0 for recorded SDE steps (0 has no density: NaN log-probs), got {noise_level}; "
+            f"noise_level must be > 0 and finite for recorded SDE steps (0 has no density: NaN log-probs), got {noise_level}; "
             "use sample_euler for the deterministic ODE."
         )
     num_steps = len(grid) - 1
