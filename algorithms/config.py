@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
+
+from vgrpo_lib.advantages import SCALES
+from vgrpo_lib.elbo import SHARING_SCOPES
+from vgrpo_lib.samplers import ODE_SOLVERS
+from vgrpo_lib.sde import LOG_PROB_REDUCTIONS
+from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
+from vgrpo_lib.weighting import WEIGHTINGS
 
 
 @dataclass
@@ -150,6 +158,58 @@ def validate(config: TrainConfig) -> None:
     window = config.flow_grpo.window_size
     if window is not None and not 1 <= window <= config.rollout.num_steps:
         raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={config.rollout.num_steps}, got {window}.")
+    _validate_options_and_ranges(config)
+
+
+# Option strings, checked here so that a typo fails when the config is built, naming the config key.
+OPTIONS = {
+    "rollout.solver": tuple(ODE_SOLVERS),
+    "advantage.scale": SCALES,
+    "vgrpo.timesteps": tuple(TIMESTEP_SAMPLERS),
+    "vgrpo.sharing": SHARING_SCOPES,
+    "vgrpo.weighting": tuple(WEIGHTINGS),
+    "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
+    "diffusion_nft.weighting": tuple(WEIGHTINGS),
+}
+
+
+def _get(config, key: str):
+    value = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _validate_options_and_ranges(config: TrainConfig) -> None:
+    for key, options in OPTIONS.items():
+        value = _get(config, key)
+        if value not in options:
+            raise ValueError(f"Unknown {key} {value!r}; expected one of {', '.join(map(repr, options))}.")
+    # Every float field must be finite (NaN passes a plain `value <= 0` check and ends as a NaN loss or rate).
+    for key in valid_keys():
+        value = _get(config, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be finite, got {value}.")
+
+    def need(key: str, ok, rule: str) -> None:
+        value = _get(config, key)
+        if value is not None and not ok(value):
+            raise ValueError(f"{key} must be {rule}, got {value!r}.")
+
+    positive = lambda v: v > 0  # noqa: E731
+    non_negative = lambda v: v >= 0  # noqa: E731
+    for key in ("optim.max_grad_norm", "rollout.shift", "advantage.soft_clip", "advantage.clip", "flow_grpo.noise_level",
+                "flow_grpo.adv_clip", "diffusion_nft.strength", "diffusion_nft.adv_max"):
+        need(key, positive, "> 0")
+    for key in ("optim.weight_decay", "vgrpo.clip_high", "vgrpo.kl_coef",
+                "vgrpo.ref_kl_coef", "flow_grpo.clip_epsilon", "flow_grpo.kl_coef", "diffusion_nft.decay_rate",
+                "diffusion_nft.kl_coef"):
+        need(key, non_negative, ">= 0")
+    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "diffusion_nft.num_pairs"):
+        need(key, lambda v: v >= 1, ">= 1")
+    need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
+    need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
+    need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def _resolve(tp):
@@ -172,9 +232,26 @@ def _build(cls, data: dict, prefix: str):
         raise ValueError(f"Unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}.")
     kwargs = {}
     for name, value in data.items():
-        base, _ = _resolve(types_[name])
-        kwargs[name] = _build(base, value, f"{prefix}{name}.") if dataclasses.is_dataclass(base) else value
+        base, optional = _resolve(types_[name])
+        if dataclasses.is_dataclass(base):
+            if not isinstance(value, dict):
+                raise ValueError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
+            kwargs[name] = _build(base, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _check_type(value, base, optional, prefix + name)
     return cls(**kwargs)
+
+
+def _check_type(value, base, optional: bool, key: str):
+    """The value of ``key`` read from a dict / JSON, type-checked (ints are accepted for float fields)."""
+    if value is None and optional:
+        return value
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        expected = getattr(base, "__name__", base) + (" or None" if optional else "")
+        raise ValueError(f"Config key {key} must be {expected}, got {type(value).__name__} {value!r}.")
+    return value
 
 
 def _parse_value(text: str, tp, key: str):
