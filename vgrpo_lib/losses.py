@@ -168,6 +168,11 @@ class VGRPOLoss(_PolicyLoss):
         out["surrogate"] = log_prob.detach().mean()
         if self.kl_coef is not None:
             old_x_pred = self._get(tensordict, "old_x_pred", "the behaviour policy's x-predictions, for the KL")
+            if old_x_pred.shape != x_pred.shape:
+                raise ValueError(
+                    f"old_x_pred {tuple(old_x_pred.shape)} must be [B, K, *D] = {tuple(x_pred.shape)} "
+                    "(x-space KL needs equal shapes)."
+                )
             kl = x_space_kl(x_pred, old_x_pred).mean()
             out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
         if self.ref_kl_coef is not None:
