@@ -19,33 +19,17 @@ import csv
 import io
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from integrations.atomic import atomic_write_bytes, atomic_write_text
+
+__all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "read_csv", "rows_to_csv"]
+
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def rows_to_csv(rows: list[dict]) -> str:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import sys
 
 from algorithms import cli as training_cli
-from algorithms.cli import build_config
 from algorithms.tasks import TASKS
 
-__all__ = ["main", "build_config"]
+__all__ = ["main"]
 
 
 def _compare(args) -> int:

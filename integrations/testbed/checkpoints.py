@@ -13,14 +13,13 @@ A checkpoint ``NAME`` is two files in ``integrations/testbed/checkpoints/``:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from integrations.atomic import atomic_write
 from integrations.testbed.models import build_model
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -30,33 +29,19 @@ FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge")
 CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR) -> None:
     """Write ``NAME.safetensors`` (float16 weights) and ``NAME.json`` (kind, config, card) atomically."""
     state = {k: v.detach().to(torch.float16).contiguous() if v.is_floating_point() else v.contiguous()
              for k, v in model.state_dict().items()}
     meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
-    _atomic_write(Path(directory) / f"{name}.safetensors", lambda tmp: save_file(state, tmp))
+    atomic_write(Path(directory) / f"{name}.safetensors", lambda tmp: save_file(state, tmp))
 
     def write_json(tmp: str) -> None:
         with open(tmp, "w") as fh:
             json.dump(meta, fh, indent=2)
             fh.write("\n")
 
-    _atomic_write(Path(directory) / f"{name}.json", write_json)
+    atomic_write(Path(directory) / f"{name}.json", write_json)
 
 
 def read_card(name: str, directory: Path = CHECKPOINT_DIR) -> dict:

@@ -18,12 +18,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from integrations.atomic import atomic_write
 from integrations.testbed.rewards import WeightedReward, slot_logits
 
 if TYPE_CHECKING:
@@ -105,16 +105,4 @@ def sample_grid_png(images: torch.Tensor, path: str | os.PathLike, nrow: int = 1
         r, c = divmod(i, ncol)
         top, left = padding + r * (h + padding), padding + c * (w + padding)
         grid[top : top + h, left : left + w] = img[0]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        plt.imsave(tmp, grid.numpy(), cmap="gray", vmin=0.0, vmax=1.0, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: plt.imsave(tmp, grid.numpy(), cmap="gray", vmin=0.0, vmax=1.0, format="png"))

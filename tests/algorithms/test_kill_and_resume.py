@@ -62,13 +62,13 @@ def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninter
     out = tmp_path / "run"
     script = (
         "import os, signal, sys\n"
-        "import algorithms.run_dir as run_dir\n"
+        "import integrations.atomic as atomic\n"
         "real_replace = os.replace\n"
         "def dying_replace(src, dst):\n"
         "    if str(dst).endswith('iter_000003.pt'):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    real_replace(src, dst)\n"
-        "run_dir.os.replace = dying_replace\n"
+        "atomic.os.replace = dying_replace\n"
         "from algorithms.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
