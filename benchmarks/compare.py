@@ -46,15 +46,16 @@ def build(variant: str, task: str, seed: int, lr: float, overrides: list[str]):
 
 
 def time_to_target(metrics: list[dict], target: float) -> dict:
-    """First iteration whose smoothed training reward reaches ``target``: seconds, NFE and gradient steps then."""
+    """First iteration whose smoothed training reward reaches ``target``: wall-clock and CPU seconds, NFE and
+    gradient steps then."""
     rewards = [m["reward_mean"] for m in metrics]
     for i in range(len(rewards)):
         window = rewards[max(0, i - SMOOTHING + 1): i + 1]
         if sum(window) / len(window) >= target:
             row = metrics[i]
-            return {"time_to_target_s": row["train_seconds"], "nfe_to_target": row["nfe_cumulative"],
-                    "steps_to_target": row["grad_steps"]}
-    return {"time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
+            return {"time_to_target_s": row["train_seconds"], "cpu_time_to_target_s": row.get("cpu_seconds"),
+                    "nfe_to_target": row["nfe_cumulative"], "steps_to_target": row["grad_steps"]}
+    return {"time_to_target_s": None, "cpu_time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
 
 
 def summarise_run(trainer: Trainer, target: float) -> dict:
@@ -70,6 +71,7 @@ def summarise_run(trainer: Trainer, target: float) -> dict:
         "diversity": final["diversity"],
         "base_accuracy": trainer.evaluations[0]["accuracy"],
         "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
+        "cpu_seconds_per_iteration": metrics[-1]["cpu_seconds"] / len(metrics),
         "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
     }
 
@@ -106,8 +108,11 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = 1, quick: 
 
     def train(variant: str, seed: int, lr: float) -> Trainer:
         config = build(variant, task, seed, lr, budget + list(overrides or []))
-        trainer = Trainer(config, out / "runs" / f"{variant}_lr{lr:g}_seed{seed}")
+        trainer = Trainer(config, out / "runs" / f"{variant}_lr{lr:g}_seed{seed}", progress=False)
         trainer.train()
+        result = summarise_run(trainer, target)
+        print(f"{variant:<14} lr {lr:<7g} seed {seed}: time to target {result['time_to_target_s']}, final reward "
+              f"{result['final_reward']:.3f}, accuracy {result['final_accuracy']:.3f}", flush=True)
         return trainer
 
     for variant in variants:
@@ -135,8 +140,9 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = 1, quick: 
 
 
 def markdown_table(summary: dict) -> str:
-    keys = ["lr", "time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward", "final_accuracy",
-            "judge_gap", "diversity", "seconds_per_iteration", "nfe_per_sample_per_iteration"]
+    keys = ["lr", "time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward",
+            "final_accuracy",
+            "judge_gap", "diversity", "seconds_per_iteration", "cpu_seconds_per_iteration", "nfe_per_sample_per_iteration"]
     lines = [f"Task `{summary['task']}`, target reward {summary['target_reward']}, {summary['seeds']} seed(s).", "",
              "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo, row in summary["algorithms"].items():

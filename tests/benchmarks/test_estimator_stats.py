@@ -61,9 +61,12 @@ def test_gradient_agreement_closed_forms():
 
 def test_time_to_target_uses_the_smoothed_reward():
     rows = [
-        {"reward_mean": r, "train_seconds": 10.0 * (i + 1), "nfe_cumulative": 14 * (i + 1), "grad_steps": i + 1}
+        {"reward_mean": r, "train_seconds": 10.0 * (i + 1), "cpu_seconds": 20.0 * (i + 1), "nfe_cumulative": 14 * (i + 1),
+         "grad_steps": i + 1}
         for i, r in enumerate([0.1, 0.9, 0.2, 0.8, 0.9, 0.95])
     ]
     # Moving averages over 3: 0.1, 0.5, 0.4, 0.633, 0.633, 0.883 -> first >= 0.8 at index 5.
-    assert time_to_target(rows, 0.8) == {"time_to_target_s": 60.0, "nfe_to_target": 84, "steps_to_target": 6}
+    assert time_to_target(rows, 0.8) == {
+        "time_to_target_s": 60.0, "cpu_time_to_target_s": 120.0, "nfe_to_target": 84, "steps_to_target": 6
+    }
     assert time_to_target(rows, 0.99)["time_to_target_s"] is None
