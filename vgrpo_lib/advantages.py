@@ -120,6 +120,12 @@ def _check_reward(reward, group: torch.Tensor) -> None:
         raise ValueError(f"reward must be real-valued, got dtype {reward.dtype}.")
 
 
+def _statistics_dtype(reward: torch.Tensor) -> torch.Tensor:
+    """Integer, bool and half-precision rewards are computed in float32: float16 squares overflow to inf above
+    ~256 (a finite reward of 1000 gave an inf group std)."""
+    return reward if reward.dtype in (torch.float32, torch.float64) else reward.float()
+
+
 def _check_options(soft_clip, clip, eps, trim) -> None:
     if soft_clip is not None:
         check_positive("soft_clip", soft_clip)  # inf would give inf * tanh(0) = NaN
@@ -133,10 +139,11 @@ def _check_options(soft_clip, clip, eps, trim) -> None:
 def group_statistics(reward: torch.Tensor, group: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-prompt reward statistics: ``mean``, ``std``, ``count`` per group (``[n]``, in sorted group-id order),
     and ``zero_std_fraction``, the share of groups whose rewards are all equal (they carry no signal)."""
+    check_tensor("group", group)
+    _check_reward(reward, group)  # before torch.unique(group): a device mismatch is named, not a torch error
     groups = make_groups(group)
-    _check_reward(reward, group)
     check_batch("reward", reward, group.shape[0], ndim=1)
-    reward = reward.float() if not reward.is_floating_point() else reward
+    reward = _statistics_dtype(reward)
     check_finite("reward", reward)
     mean, std = _segment_mean_std(reward, groups)
     constant = _is_constant(reward, groups)
@@ -166,7 +173,7 @@ def group_advantage(
     if reward.ndim == 2 and reward.shape[1] == 0:
         raise ValueError(f"reward [B, R] must hold at least one reward (R >= 1), got shape {tuple(reward.shape)}.")
     check_batch("group", group, reward.shape[0], ndim=1)
-    reward = reward if reward.is_floating_point() else reward.float()
+    reward = _statistics_dtype(reward)
     check_finite("reward", reward)
     groups = make_groups(group)
     if bool((groups.count < 2).any()):
