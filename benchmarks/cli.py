@@ -2,6 +2,7 @@
 
     vgrpo compare [--quick] [--seeds N] [--task digit] --out DIR      the controlled comparison
     vgrpo estimators [--quick] [--task digit] --out DIR               the estimator lab (+ ground truth)
+    vgrpo ablations [--set paper|regime] [--seeds N] [--quick] --out DIR   training-level ablations / regime map
 
 The benchmarks sit on top of the algorithms layer, so the command is assembled here.
 """
@@ -31,6 +32,13 @@ def _estimators(args) -> int:
     return 0
 
 
+def _ablations(args) -> int:
+    from benchmarks.ablations import markdown, run_ablations
+
+    print(markdown(run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task)))
+    return 0
+
+
 def make_parser():
     parser = training_cli.make_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
@@ -46,6 +54,13 @@ def make_parser():
     estimators.add_argument("--quick", action="store_true")
     estimators.add_argument("--out", required=True)
     estimators.set_defaults(handler=_estimators)
+    ablations = commands.add_parser("ablations", help="training-level ablations (paper) or the regime map (regime)")
+    ablations.add_argument("--set", choices=("paper", "regime"), default="paper")
+    ablations.add_argument("--task", choices=sorted(TASKS), default="digit", help="task of the paper set")
+    ablations.add_argument("--seeds", type=int, default=2)
+    ablations.add_argument("--quick", action="store_true")
+    ablations.add_argument("--out", required=True)
+    ablations.set_defaults(handler=_ablations)
     return parser
 
 

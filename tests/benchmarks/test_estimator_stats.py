@@ -70,3 +70,15 @@ def test_time_to_target_uses_the_smoothed_reward():
         "time_to_target_s": 60.0, "cpu_time_to_target_s": 120.0, "nfe_to_target": 84, "steps_to_target": 6
     }
     assert time_to_target(rows, 0.99)["time_to_target_s"] is None
+
+
+def test_regime_verdicts():
+    from benchmarks.ablations import verdict
+
+    def cell(final, base=0.5):
+        return {"final_reward": {"mean": final, "std": 0.0}, "base_reward": base}
+
+    # V-GRPO gains 0.4 over the base; the margin is 20% of that gain (0.08).
+    assert verdict(cell(0.85), cell(0.9)) == "keeps up"
+    assert verdict(cell(0.7), cell(0.9)) == "lags"
+    assert verdict(cell(0.4), cell(0.9)) == "diverges"

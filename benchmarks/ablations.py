@@ -1,0 +1,122 @@
+"""Training-level ablations and the regime map: which estimator choices matter, and where.
+
+Each cell is a short V-GRPO training run on the testbed (the testbed preset without the KL to the base policy,
+so estimator effects are not masked), repeated over seeds. Two sets:
+
+- ``paper``: the paper's ablations on one task: each variance-reduction technique removed in turn, the naive
+  estimator, K = 2/4/8, eps/v/x/adaptive_x weighting, and step control (soft clip vs ratio clip with several
+  steps per rollout vs KL to the behaviour policy).
+- ``regime``: where estimator variance starts to matter: naive vs V-GRPO across tasks (``digit`` vs ``pair``:
+  dimension and composition; ``style``: a weak, preference-like reward), group size, K, learning rate and
+  gradient steps per rollout. (bf16 autocast is left out: on CPU it is emulated and too slow to be informative.)
+
+A cell's verdict compares its naive run with its V-GRPO run at the same settings: ``lags`` when the naive
+final reward is lower by more than ``MARGIN`` (in units of the V-GRPO reward gain over the base policy),
+``diverges`` when the naive reward ends below the base policy's, otherwise ``keeps up``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from algorithms.cli import build_config
+from algorithms.run_dir import atomic_write_text
+from algorithms.trainer import Trainer
+
+NAIVE = ["vgrpo.sharing=none", "vgrpo.timesteps=uniform", "vgrpo.weighting=v"]
+BASE = ["vgrpo.ref_kl_coef=none", "optim.lr=3e-4", "eval.every=0"]
+MARGIN = 0.2
+
+PAPER_SET = {
+    "vgrpo": [],
+    "naive": NAIVE,
+    "without_sharing": ["vgrpo.sharing=none"],
+    "without_stratified": ["vgrpo.timesteps=uniform"],
+    "without_adaptive (v)": ["vgrpo.weighting=v"],
+    "k2": ["vgrpo.num_pairs=2"],
+    "k8": ["vgrpo.num_pairs=8"],
+    "weighting_eps": ["vgrpo.weighting=eps"],
+    "weighting_x": ["vgrpo.weighting=x"],
+    "ratio_clip_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.clip_low=0.01",
+                           "vgrpo.clip_high=0.01"],
+    "kl_behaviour_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3"],
+}
+
+REGIME_CELLS = {
+    "digit": ["task=digit"],
+    "pair": ["task=pair", "eval.per_prompt=4"],
+    "style": ["task=style"],
+    "digit_group4": ["task=digit", "group_size=4", "prompts_per_iteration=32"],
+    "digit_k1": ["task=digit", "vgrpo.num_pairs=1"],
+    "digit_lr1e-3": ["task=digit", "optim.lr=1e-3"],
+    "digit_4_steps": ["task=digit", "optim.minibatch_size=32", "advantage.soft_clip=none"],
+}
+
+
+def run_cell(out: Path, name: str, overrides: list[str], seeds: int, iterations: int) -> dict:
+    finals, accuracies, diversities, bases = [], [], [], []
+    for seed in range(seeds):
+        config = build_config("vgrpo", None, "testbed", BASE + [f"iterations={iterations}", f"seed={seed}", *overrides])
+        trainer = Trainer(config, out / "runs" / f"{name.replace(' ', '_')}_seed{seed}", progress=False)
+        trainer.train()
+        tail = [m["reward_mean"] for m in trainer.metrics[-3:]]
+        finals.append(sum(tail) / len(tail))
+        accuracies.append(trainer.evaluations[-1]["accuracy"])
+        diversities.append(trainer.evaluations[-1]["diversity"])
+        bases.append(trainer.evaluations[0]["reward_mean"])
+    stats = lambda values: {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # noqa: E731
+    result = {"final_reward": stats(finals), "final_accuracy": stats(accuracies), "diversity": stats(diversities),
+              "base_reward": statistics.mean(bases), "overrides": overrides}
+    print(f"{name:<28} final reward {result['final_reward']['mean']:.3f} +- {result['final_reward']['std']:.3f}  "
+          f"accuracy {result['final_accuracy']['mean']:.3f}", flush=True)
+    return result
+
+
+def verdict(naive: dict, vgrpo: dict) -> str:
+    gain = max(vgrpo["final_reward"]["mean"] - vgrpo["base_reward"], 1e-6)
+    if naive["final_reward"]["mean"] < naive["base_reward"]:
+        return "diverges"
+    if vgrpo["final_reward"]["mean"] - naive["final_reward"]["mean"] > MARGIN * gain:
+        return "lags"
+    return "keeps up"
+
+
+def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quick: bool = False, task: str = "digit") -> dict:
+    out = Path(out)
+    iterations = 20 if quick else 40
+    if which == "paper":
+        cells = {name: run_cell(out, name, [f"task={task}", *overrides], seeds, iterations)
+                 for name, overrides in PAPER_SET.items()}
+        report = {"set": "paper", "task": task, "seeds": seeds, "iterations": iterations, "cells": cells}
+    elif which == "regime":
+        cells = {}
+        for name, overrides in REGIME_CELLS.items():
+            vgrpo = run_cell(out, f"{name}/vgrpo", overrides, seeds, iterations)
+            naive = run_cell(out, f"{name}/naive", overrides + NAIVE, seeds, iterations)
+            cells[name] = {"vgrpo": vgrpo, "naive": naive, "verdict": verdict(naive, vgrpo)}
+        report = {"set": "regime", "seeds": seeds, "iterations": iterations, "margin": MARGIN, "cells": cells}
+    else:
+        raise ValueError(f"Unknown ablation set {which!r}; expected 'paper' or 'regime'.")
+    atomic_write_text(out / f"{which}.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out / f"{which}.md", markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [f"{report['set']} set, {report['seeds']} seed(s), {report['iterations']} iterations (mean +- std).", ""]
+    if report["set"] == "paper":
+        lines += ["| variant | final reward | accuracy | diversity |", "|---|---|---|---|"]
+        for name, cell in report["cells"].items():
+            lines.append(f"| {name} | {_pm(cell['final_reward'])} | {_pm(cell['final_accuracy'])} | {_pm(cell['diversity'])} |")
+    else:
+        lines += ["| cell | V-GRPO reward | naive reward | verdict |", "|---|---|---|---|"]
+        for name, cell in report["cells"].items():
+            lines.append(f"| {name} | {_pm(cell['vgrpo']['final_reward'])} | {_pm(cell['naive']['final_reward'])} | "
+                         f"{cell['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pm(stat: dict) -> str:
+    return f"{stat['mean']:.3f} ± {stat['std']:.3f}"
