@@ -107,7 +107,7 @@ def print_evaluation_table(base: dict, trained: dict) -> None:
     """Side-by-side table of the base policy's and the trained policy's evaluation."""
     keys = ["reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"]
     print(f"{'metric':<22}{'base':>10}{'trained':>10}")
-    for key in keys:
+    for key in [k for k in keys if k in base and k in trained]:  # diffusers tasks have no accuracy / judge
         print(f"{key:<22}{base[key]:>10.3f}{trained[key]:>10.3f}")
     per_prompt = trained.get("accuracy_per_prompt", {})
     if per_prompt and len(per_prompt) <= 20:

@@ -12,7 +12,9 @@ A task is any object with this protocol (the testbed's :class:`integrations.test
     eval_prompts(per_prompt), sample(policy, prompts, num_steps, generator), evaluate(images, prompts)
 
 The embedded testbed provides every task that runs anywhere. The paper's SD3.5-Medium and FLUX.1-dev
-settings are presets whose tasks need those models; they fail here with a message saying what is missing.
+settings are presets whose tasks (:class:`integrations.diffusers_adapters.task.DiffusersTask`) need those models
+locally (``VGRPO_MODEL_PATH`` or the Hugging Face cache, prompts in ``VGRPO_PROMPTS``, see
+``integrations.diffusers_adapters.task.ENVIRONMENT``); without them they fail with a message saying what is missing.
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ def repeat_each(prompts, times: int):
     return [prompt for prompt in prompts for _ in range(times)]
 
 
-def load_task(name: str) -> Task:
-    """A testbed task by name; the hub-model tasks raise a clear error when their model is not available."""
+def load_task(name: str):
+    """A testbed task by name, or a hub-model task (:func:`integrations.diffusers_adapters.task.hub_task`, configured
+    by ``VGRPO_*`` environment variables) when its weights are on this machine; a clear error when they are not."""
     if name in HUB_TASKS:
-        raise RuntimeError(
-            f"Task {name!r} trains {HUB_TASKS[name]}, whose weights are not available on this machine "
-            "(no hub downloads at run time). Use the diffusers adapters in integrations.diffusers_adapters on a "
-            f"machine that has the model, or a testbed task: {', '.join(TASKS)}."
-        )
+        try:
+            from integrations.diffusers_adapters.task import hub_task
+        except ImportError as error:
+            raise RuntimeError(
+                f"Task {name!r} trains {HUB_TASKS[name]}, whose weights are not available on this machine: the "
+                f"diffusers integration cannot be imported ({error}). Install diffusers, transformers and peft, or "
+                f"use a testbed task: {', '.join(TASKS)}."
+            ) from error
+        return hub_task(name)
     return get_task(name)

@@ -260,6 +260,9 @@ class Trainer:
     def _write_grid(self, images: torch.Tensor, prompts: torch.Tensor) -> None:
         from integrations.testbed.evaluation import sample_grid_png
 
+        if hasattr(self.task, "write_samples"):  # a task with its own image format (RGB, large: the diffusers task)
+            self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
+            return
         per_prompt = min(self.config.eval.per_prompt, 10)
         keep = torch.arange(images.shape[0]) % self.config.eval.per_prompt < per_prompt
         sample_grid_png(images[keep][:200], self.run.root / f"samples_iter_{self.iteration:06d}.png", nrow=per_prompt)
@@ -301,7 +304,8 @@ class Trainer:
             if last or (c.eval.every and self.iteration % c.eval.every == 0):
                 evaluation = self.evaluate()
                 self._log(evaluation, "eval")
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{evaluation['accuracy']:.3f}")
+                accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed only
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
             else:
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
             self._write_files()
@@ -335,12 +339,17 @@ def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
     if metrics:
         left.plot([m["iteration"] + 1 for m in metrics], [m["reward_mean"] for m in metrics])
     left.set(xlabel="iteration", ylabel="mean training reward", title="reward")
+    # Testbed tasks report classifier and judge accuracy; other tasks (diffusers) their evaluation reward.
+    curves = {"accuracy": ("o", "classifier (reward model)"), "judge_accuracy": ("s", "independent judge")}
+    if evaluations and "accuracy" not in evaluations[0]:
+        curves = {"reward_mean": ("o", "reward")}
     if evaluations:
         x = [e["iteration"] for e in evaluations]
-        right.plot(x, [e["accuracy"] for e in evaluations], marker="o", label="classifier (reward model)")
-        right.plot(x, [e["judge_accuracy"] for e in evaluations], marker="s", label="independent judge")
+        for key, (marker, label) in curves.items():
+            right.plot(x, [e[key] for e in evaluations], marker=marker, label=label)
         right.legend()
-    right.set(xlabel="iteration", ylabel="accuracy (held-out seeds, CFG-free)", title="evaluation")
+    ylabel = "accuracy" if "accuracy" in curves else "reward"
+    right.set(xlabel="iteration", ylabel=f"{ylabel} (held-out seeds, CFG-free)", title="evaluation")
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)

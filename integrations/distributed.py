@@ -182,11 +182,13 @@ def wrap_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         return fully_shard(model)
-    device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
     ddp = nn.parallel.DistributedDataParallel
     # torch >= 2.13 renames broadcast_buffers to forward_sync_buffers (and then still syncs buffers once at init).
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
-    return ddp(model, device_ids=device_ids, **{no_sync: False})
+    # No device_ids, also for a model on a GPU: DDP then leaves the inputs where they are. The trainer keeps its
+    # batches on the CPU and a GPU policy moves each call's inputs itself and returns its output on the caller's
+    # device (integrations.diffusers_adapters.task.LoRAPolicy); with device_ids DDP would return GPU outputs.
+    return ddp(model, **{no_sync: False})
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1,0 +1,429 @@
+"""SD3 / FLUX text-to-image training as a trainer task (the protocol in :mod:`algorithms.tasks`).
+
+    from integrations.diffusers_adapters import load_sd35_medium
+    from integrations.diffusers_adapters.task import DiffusersTask
+
+    base = load_sd35_medium(device="cuda", lora_rank=None)        # frozen pipeline, no adapter yet
+    task = DiffusersTask(base, prompts="prompts.txt", reward="pickscore", image_size=512)
+    policy = task.load_policy()                                   # the transformer + a trainable LoRA adapter
+    cond = task.condition(["a photo of a cat"] * 4)               # TensorDict[4] of prompt embeddings
+
+The trainer (``vgrpo train --preset sd3.5-medium``) builds the task through :func:`hub_task`, configured by
+environment variables (see ``ENVIRONMENT``); tests and scripts can build a :class:`DiffusersTask` directly.
+
+Where the tensors live. The trainer keeps its batches on the CPU (the testbed never needed a device, and
+its replay buffer stores rows on the CPU). The policy (:class:`LoRAPolicy`) moves each call's inputs to the
+GPU that holds the transformer and returns the velocity on the caller's device, so the trainer, the
+samplers and the losses are unchanged; the per-call copies (latents and prompt embeddings) cost about 1-3 %
+of a 2.5B-parameter forward. ``decode`` returns images on the CPU; model-based rewards move them to
+their own device. Evaluation (:meth:`DiffusersTask.sample`) runs entirely on the GPU.
+
+What is trained and saved. Only the LoRA parameters of the adapter ``"default"`` require grad, and
+``policy.state_dict()`` holds only them (a few MB to ~100 MB instead of the 5 GB SD3.5-M / 24 GB FLUX
+transformer), so the trainer's checkpoints stay small; ``load_state_dict`` loads them back and still
+reports missing or unexpected LoRA keys. The reference policy is the same transformer with its adapters
+switched off (:class:`integrations.diffusers_adapters.AdapterView`), not a copy.
+
+Known costs and differences (documented, not hidden):
+
+- DiffusionNFT's old policy is ``copy.deepcopy`` of the policy (algorithms/diffusion_nft.py), i.e. a
+  second transformer in GPU memory (+5 GB for SD3.5-M, +24 GB for FLUX.1-dev in bf16); its checkpointed
+  state is again only its LoRA weights.
+- Training rollouts use the algorithm's grid ``vgrpo_lib.samplers.time_grid(rollout.num_steps,
+  rollout.shift)``; evaluation uses the pipeline scheduler's own grid (``DiffusersPolicy.sigma_grid``).
+  FLUX's resolution-dependent grid equals ``time_grid`` with ``shift = exp(mu)`` (3.16 at 1024 px, 2.89 at
+  720 px); SD3's scheduler grid ends its uniform part at sigma 0.003 rather than 1/N before shifting, so
+  the last training step is a little coarser than the pipeline's.
+- The prompt-embedding cache keeps up to ``cache_size`` distinct prompts on the CPU (SD3: 77 + 256 tokens
+  x 4096 in bf16 = 2.7 MB per prompt; FLUX: 512 tokens = 4.2 MB), least recently used first out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+
+from integrations.atomic import atomic_write
+
+from .flux import encode_prompts_flux
+from .lora import TRAINED_ADAPTER, AdapterView, add_lora, upcast_trainable_parameters
+from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy
+from .sd3 import encode_prompts_sd3
+from .velocity import FlowTransformerAdapter
+
+__all__ = ["ENVIRONMENT", "HUB_MODELS", "DiffusersTask", "HubModel", "LoRAPolicy", "TotalReward", "hub_task",
+           "make_reward", "read_prompts"]
+
+
+def _is_trained_lora(key: str) -> bool:
+    return "lora_" in key and f".{TRAINED_ADAPTER}." in key
+
+
+class LoRAPolicy(nn.Module):
+    """The trainable policy: a velocity adapter whose transformer carries the LoRA adapter ``"default"``.
+
+    Call ``policy(x_t, t, cond) -> v`` like any protocol model. Inputs are moved to the transformer's device
+    and ``v`` comes back on the device of ``x_t`` (see the module doc). ``state_dict()`` holds only the trained
+    adapter's LoRA weights; ``load_state_dict`` loads such a dict (strict about the LoRA keys).
+
+    Args:
+        velocity: an ``SD3Velocity`` / ``FluxVelocity`` whose transformer already has the LoRA adapter.
+    """
+
+    def __init__(self, velocity: FlowTransformerAdapter):
+        super().__init__()
+        self.velocity = velocity
+        self.register_state_dict_post_hook(_keep_trained_lora)
+        self.register_load_state_dict_post_hook(_ignore_missing_frozen)
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The wrapped diffusers transformer (what ``AdapterView`` switches adapters on)."""
+        return self.velocity.transformer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.velocity.parameters()).device
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None) -> torch.Tensor:
+        device = self.device
+        cond = None if cond is None else cond.to(device)
+        return self.velocity(x_t.to(device), t.to(device), cond).to(x_t.device)
+
+
+def _keep_trained_lora(module, state_dict, prefix, local_metadata) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix) and not _is_trained_lora(k)]:
+        del state_dict[key]
+
+
+def _ignore_missing_frozen(module, incompatible_keys) -> None:
+    incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if _is_trained_lora(k)]
+
+
+def read_prompts(source: str | os.PathLike | Sequence[str]) -> list[str]:
+    """Prompts from a list of strings or a text file with one prompt per line (blank lines skipped)."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file {str(path)!r} does not exist (one prompt per line expected)")
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        prompts = [p for p in prompts if p]
+    else:
+        prompts = [str(p) for p in source]
+    if not prompts:
+        raise ValueError(f"no prompts in {source!r}")
+    return prompts
+
+
+class TotalReward(nn.Module):
+    """A :class:`integrations.rewards.MultiReward` as a plain ``(B,)`` reward: its weighted sum ``total``.
+
+    ``components(images, prompts)`` gives the raw per-reward scores ``{name: (B,)}`` for evaluation.
+    """
+
+    def __init__(self, multi: nn.Module):
+        super().__init__()
+        self.multi = multi
+
+    def forward(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self.multi(images, prompts).total
+
+    def components(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        per_reward = self.multi(images, prompts).per_reward
+        return {name: per_reward[:, i] for i, name in enumerate(self.multi.names)}
+
+
+def make_reward(spec: str | Mapping[str, float] | Callable) -> Callable:
+    """A ``reward(images, prompts) -> (B,)`` from the reward zoo.
+
+    ``spec``: a registered name (``"pickscore"``), a weighted spec ``"pickscore:1,ocr:0.5"`` or a mapping
+    ``{"pickscore": 1.0, "ocr": 0.5}`` (a :class:`MultiReward`, trained on its weighted sum), or any callable
+    (returned unchanged).
+    """
+    from integrations.rewards import MultiReward, get_reward
+
+    if callable(spec) and not isinstance(spec, str):
+        return spec
+    if isinstance(spec, str) and ":" not in spec and "," not in spec:
+        return get_reward(spec.strip())
+    if isinstance(spec, str):
+        weights = {}
+        for item in spec.split(","):
+            name, _, weight = item.partition(":")
+            weights[name.strip()] = float(weight) if weight else 1.0
+        spec = weights
+    return TotalReward(MultiReward(dict(spec)))
+
+
+class DiffusersTask:
+    """A diffusers text-to-image model, prompts and a reward, as the trainer's task.
+
+    Args:
+        base: a :class:`DiffusersPolicy` loaded WITHOUT an adapter (``load_policy(..., lora_rank=None)``); its
+            pipeline supplies the transformer, text encoders, VAE and scheduler. The task adapts its
+            transformer in place.
+        prompts: training prompts, a list of strings or a text file (one per line).
+        reward: see :func:`make_reward` (name, ``"a:1,b:0.5"``, mapping or callable).
+        image_size: ``H`` or ``(H, W)`` in pixels (multiples of 16).
+        eval_prompts: evaluation prompts (list or file); default: the first 8 training prompts.
+        lora_rank, lora_alpha: the trained adapter (paper SD3.5-M: r=32, alpha=64), on the attention
+            projections; only its parameters are trainable.
+        max_sequence_length: T5 tokens per prompt (None: the pipeline's default, 256 SD3 / 512 FLUX).
+        gradient_checkpointing: recompute the transformer's activations in backward (needed at 512-1024 px).
+        batch_size: samples per forward when evaluating, per VAE decode and per text-encoder call.
+        cache_size: distinct prompts whose embeddings are kept (least recently used dropped first).
+        eval_solver: ODE solver for :meth:`sample` (the pipelines' scheduler is Euler).
+    """
+
+    def __init__(self, base: DiffusersPolicy, prompts, reward, image_size: int | tuple[int, int] = 512, *,
+                 eval_prompts=None, lora_rank: int = 32, lora_alpha: int = 64, max_sequence_length: int | None = None,
+                 gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
+                 eval_solver: str = "euler"):
+        if getattr(base.model.transformer, "peft_config", None):
+            raise ValueError("DiffusersTask adds its own LoRA adapter: load the DiffusersPolicy with lora_rank=None.")
+        self.base = base
+        self.height, self.width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.sample_shape = base.latent_shape(self.height, self.width)
+        self.prompts = read_prompts(prompts)
+        self.eval_prompt_list = read_prompts(eval_prompts) if eval_prompts is not None else self.prompts[:8]
+        self.reward_spec = reward
+        self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
+        self.max_sequence_length = max_sequence_length
+        self.gradient_checkpointing = gradient_checkpointing
+        self.batch_size, self.cache_size, self.eval_solver = batch_size, cache_size, eval_solver
+        self._cache: OrderedDict[str, TensorDict] = OrderedDict()
+        self._policy: LoRAPolicy | None = None
+        self._reward = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the transformer (and the rest of the pipeline) lives."""
+        return next(self.base.model.transformer.parameters()).device
+
+    # -- prompts and conditioning ----------------------------------------------------------------------
+
+    def sample_prompts(self, num_prompts: int, generator: torch.Generator | None = None) -> list[str]:
+        """``num_prompts`` training prompts drawn uniformly with replacement."""
+        index = torch.randint(len(self.prompts), (num_prompts,), generator=generator)
+        return [self.prompts[i] for i in index.tolist()]
+
+    def eval_prompts(self, per_prompt: int) -> list[str]:
+        """Every evaluation prompt ``per_prompt`` times in a row."""
+        return [p for p in self.eval_prompt_list for _ in range(per_prompt)]
+
+    def condition(self, prompts: Sequence[str]) -> TensorDict:
+        """TensorDict[B] of prompt embeddings (on the CPU) through the pipeline's encoders; each distinct
+        prompt is encoded once and cached."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
+        for start in range(0, len(missing), self.batch_size):
+            chunk = missing[start : start + self.batch_size]
+            encoded = self._encode(chunk).to("cpu")
+            for i, prompt in enumerate(chunk):
+                self._cache[prompt] = encoded[i].clone()
+        rows = []
+        for prompt in prompts:
+            self._cache.move_to_end(prompt)
+            rows.append(self._cache[prompt])
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return torch.stack(rows)
+
+    def _encode(self, prompts: list[str]) -> TensorDict:
+        encode = encode_prompts_sd3 if self.base.family == "sd3" else encode_prompts_flux
+        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        return encode(self.base.pipe, prompts, **kwargs)
+
+    # -- policies ------------------------------------------------------------------------------------------
+
+    def load_policy(self) -> LoRAPolicy:
+        """The base transformer with a fresh trainable LoRA adapter (B = 0: equal to the base model), float32
+        LoRA weights on a bf16 base. One policy per task: the adapter lives inside the pipeline's transformer."""
+        if self._policy is not None:
+            raise RuntimeError("this DiffusersTask already made its policy (the LoRA adapter lives in the pipeline's "
+                               "transformer); build a new task for a second, independent policy")
+        transformer = self.base.model.transformer
+        add_lora(transformer, r=self.lora_rank, alpha=self.lora_alpha)
+        upcast_trainable_parameters(transformer)
+        if self.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self._policy = LoRAPolicy(self.base.model)
+        return self._policy
+
+    def reference_policy(self, policy: LoRAPolicy) -> AdapterView:
+        """The pretrained model: ``policy`` with its adapters switched off for each call (no copy)."""
+        return AdapterView(policy, None)
+
+    # -- sampling, decoding, rewards -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode(self, samples: torch.Tensor) -> torch.Tensor:
+        """Latents ``(B, *sample_shape)`` -> float32 images ``(B, 3, H, W)`` in ``[0, 1]`` on the CPU."""
+        device = self.device
+        return torch.cat([self.base.decode(chunk.to(device)).cpu() for chunk in samples.split(self.batch_size)])
+
+    def reward(self) -> Callable:
+        """The reward ``reward(images, prompts) -> (B,)`` (built once, moved to the pipeline's device)."""
+        if self._reward is None:
+            reward = make_reward(self.reward_spec)
+            self._reward = reward.to(self.device) if isinstance(reward, nn.Module) else reward
+        return self._reward
+
+    @torch.no_grad()
+    def sample(self, policy: nn.Module, prompts: Sequence[str], num_steps: int = 40,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """CFG-free ODE samples on the pipeline's own time grid, decoded: images ``(B, 3, H, W)`` on the CPU.
+
+        All the initial noise is drawn up front on the CPU from ``generator`` (a seed gives the same images
+        for any ``batch_size``); batches of ``batch_size`` are integrated on the pipeline's device.
+        """
+        from vgrpo_lib.samplers import sample_ode
+
+        noise = torch.randn((len(prompts), *self.sample_shape), generator=generator)
+        grid = self.base.sigma_grid(num_steps, self.height, self.width)
+        device, images = self.device, []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = list(prompts[start : start + self.batch_size])
+            cond = self.condition(chunk).to(device)
+            z = noise[start : start + len(chunk)].to(device)
+            images.append(self.decode(sample_ode(policy, z, cond, grid, method=self.eval_solver)))
+        return torch.cat(images)
+
+    @torch.no_grad()
+    def evaluate(self, images: torch.Tensor, prompts: Sequence[str]) -> dict:
+        """``reward_mean`` / ``reward_std`` (and ``reward/<name>`` for a weighted reward) and ``diversity`` (mean
+        pairwise RMS pixel distance between images of the same prompt)."""
+        from integrations.testbed.evaluation import diversity
+
+        reward = self.reward()
+        scores = reward(images, prompts)
+        out = {"num_samples": images.shape[0], "reward_mean": scores.mean().item(), "reward_std": scores.std(correction=0).item()}
+        if isinstance(reward, TotalReward):
+            out.update({f"reward/{k}": v.mean().item() for k, v in reward.components(images, prompts).items()})
+        ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+        out["diversity"] = diversity(images, torch.tensor([ids[p] for p in prompts]))
+        return out
+
+    def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike,
+                      max_images: int = 64, thumbnail: int = 256) -> Path:
+        """An RGB PNG grid of the first ``max_images`` images, each shrunk to at most ``thumbnail`` px, one row
+        per prompt when prompts repeat (written atomically)."""
+        from PIL import Image
+
+        images = images[:max_images].float().clamp(0, 1)
+        scale = min(1.0, thumbnail / max(images.shape[-2:]))
+        if scale < 1.0:
+            images = F.interpolate(images, scale_factor=scale, mode="bilinear", antialias=True).clamp(0, 1)
+        per_row = max(1, sum(1 for p in prompts if p == prompts[0]))
+        n, _, h, w = images.shape
+        cols, rows = min(per_row, n), -(-n // min(per_row, n))
+        grid = torch.full((3, rows * (h + 2) + 2, cols * (w + 2) + 2), 0.5)
+        for i, image in enumerate(images):
+            r, c = divmod(i, cols)
+            grid[:, 2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = image
+        array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        return atomic_write(path, lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
+
+
+# -- the hub tasks the trainer knows by name -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A named hub task: the checkpoint, its family and the default image size."""
+
+    hub_id: str
+    family: str
+    image_size: int
+
+
+HUB_MODELS = {
+    # Flow-GRPO's SD3.5-M recipe trains at 512 px.
+    "sd3.5-medium": HubModel(SD35_MEDIUM, "sd3", 512),
+    # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
+    "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
+}
+
+ENVIRONMENT = {
+    "VGRPO_MODEL_PATH": "local diffusers pipeline directory or hub id (default: the task's hub id, from the "
+                        "Hugging Face cache; nothing is downloaded)",
+    "VGRPO_PROMPTS": "training prompt file, one prompt per line (required)",
+    "VGRPO_EVAL_PROMPTS": "evaluation prompt file (default: the first 8 training prompts)",
+    "VGRPO_REWARD": "reward name or weighted spec 'pickscore:1,ocr:0.5' (default: pickscore)",
+    "VGRPO_IMAGE_SIZE": "image size in pixels, 'H' or 'HxW' (default: 512 SD3.5-M, 720 FLUX.1-dev)",
+    "VGRPO_LORA_RANK": "LoRA rank (default 32)",
+    "VGRPO_LORA_ALPHA": "LoRA alpha (default 64)",
+    "VGRPO_DEVICE": "device of the pipeline (default: this process's GPU, cuda:LOCAL_RANK; cpu without CUDA)",
+    "VGRPO_DTYPE": "storage dtype of the pretrained weights: bfloat16 (default) or float32",
+    "VGRPO_MAX_SEQUENCE_LENGTH": "T5 tokens per prompt (default: the pipeline's, 256 SD3 / 512 FLUX)",
+    "VGRPO_GRADIENT_CHECKPOINTING": "1/0 (default 1 on CUDA, 0 on CPU)",
+    "VGRPO_BATCH_SIZE": "samples per evaluation forward, VAE decode and text-encoder call (default 8)",
+}
+
+
+def weights_location(name_or_path: str) -> str | None:
+    """A local directory holding the pipeline: ``name_or_path`` itself, or its Hugging Face cache snapshot; None
+    when neither exists (no network access is attempted)."""
+    if Path(name_or_path).is_dir():
+        return str(name_or_path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(name_or_path, local_files_only=True)
+    except Exception:  # not cached, malformed id, or an incomplete cache entry: all mean "not available"
+        return None
+    return path if (Path(path) / "model_index.json").is_file() else None
+
+
+def _image_size(text: str) -> int | tuple[int, int]:
+    if "x" in text:
+        height, width = text.lower().split("x")
+        return int(height), int(width)
+    return int(text)
+
+
+def hub_task(name: str, environ: Mapping[str, str] = os.environ) -> DiffusersTask:
+    """Build the task ``"sd3.5-medium"`` or ``"flux.1-dev"`` from the environment (see ``ENVIRONMENT``).
+
+    Raises ``RuntimeError`` saying the weights are not available when the pipeline is neither at
+    ``VGRPO_MODEL_PATH`` nor in the Hugging Face cache, or when diffusers is not installed.
+    """
+    spec = HUB_MODELS[name]
+    source = environ.get("VGRPO_MODEL_PATH", spec.hub_id)
+    location = weights_location(source)
+    if location is None:
+        raise RuntimeError(
+            f"Task {name!r} trains {spec.hub_id}, whose weights are not available on this machine (looked for "
+            f"{source!r} as a local directory and in the Hugging Face cache; no hub downloads at run time). "
+            f"Download them once (`hf download {spec.hub_id}`) or set VGRPO_MODEL_PATH to a local diffusers "
+            "pipeline directory."
+        )
+    if "VGRPO_PROMPTS" not in environ:
+        raise RuntimeError(f"Task {name!r} needs a prompt file: set VGRPO_PROMPTS (one prompt per line).")
+    from .presets import load_policy
+
+    cuda = torch.cuda.is_available()
+    device = torch.device(environ.get("VGRPO_DEVICE") or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
+    dtype = getattr(torch, environ.get("VGRPO_DTYPE", "bfloat16"))
+    base = load_policy(location, spec.family, device=device, dtype=dtype, lora_rank=None,
+                       autocast=device.type == "cuda", local_files_only=True)
+    max_len = environ.get("VGRPO_MAX_SEQUENCE_LENGTH")
+    return DiffusersTask(
+        base,
+        environ["VGRPO_PROMPTS"],
+        environ.get("VGRPO_REWARD", "pickscore"),
+        _image_size(environ.get("VGRPO_IMAGE_SIZE", str(spec.image_size))),
+        eval_prompts=environ.get("VGRPO_EVAL_PROMPTS"),
+        lora_rank=int(environ.get("VGRPO_LORA_RANK", 32)),
+        lora_alpha=int(environ.get("VGRPO_LORA_ALPHA", 64)),
+        max_sequence_length=None if max_len is None else int(max_len),
+        gradient_checkpointing=environ.get("VGRPO_GRADIENT_CHECKPOINTING", "1" if device.type == "cuda" else "0") == "1",
+        batch_size=int(environ.get("VGRPO_BATCH_SIZE", 8)),
+    )

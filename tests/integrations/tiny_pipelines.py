@@ -1,0 +1,105 @@
+"""Tiny random SD3 / FLUX diffusers pipelines built offline (no hub files), saved with ``save_pretrained``.
+
+Every component is the real class with a tiny config: transformer, AutoencoderKL, two CLIP text encoders
+(+ T5 for SD3's third encoder and FLUX's second), the flow-matching scheduler, and tokenizers built in code
+from a byte-level vocabulary (CLIP BPE without merges, a character-level T5 unigram), so the pipelines'
+own ``encode_prompt`` runs end to end. Images are 16x16 pixels (latents 4x8x8).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+IMAGE_SIZE = 16
+LATENT_CHANNELS = 4
+CLIP_LENGTH = 8  # CLIP tokens per prompt (tokenizer.model_max_length)
+T5_LENGTH = 8  # pass as max_sequence_length
+
+
+def _bytes_to_unicode() -> list[str]:
+    """The 256 printable stand-ins GPT-2 / CLIP byte-level BPE uses for the bytes."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(extra))]
+
+
+def clip_tokenizer():
+    from transformers import CLIPTokenizer
+
+    chars = _bytes_to_unicode()
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for token in chars + [c + "</w>" for c in chars]:
+        vocab[token] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_LENGTH)
+
+
+def t5_tokenizer():
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [(c, -1.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=T5_LENGTH)
+
+
+def _clip_encoder(vocab_size: int, with_projection: bool = True):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, max_position_embeddings=CLIP_LENGTH, projection_dim=8,
+                            bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config)
+
+
+def _t5_encoder(vocab_size: int, d_model: int = 16):
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                   relative_attention_num_buckets=8, decoder_start_token_id=0))
+
+
+def _vae():
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, block_out_channels=(8, 8),
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         layers_per_block=1, norm_num_groups=4, scaling_factor=1.5, shift_factor=0.1)
+
+
+def save_tiny_sd3(path: str | Path, seed: int = 0) -> Path:
+    """A tiny StableDiffusion3Pipeline (both CLIPs + T5) written to ``path``; returns ``path``."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(seed)
+    clip, t5 = clip_tokenizer(), t5_tokenizer()
+    # prompt_embeds = [CLIP-L hidden | CLIP-G hidden] padded to T5's width, then T5 tokens: joint dim = T5 d_model.
+    transformer = SD3Transformer2DModel(sample_size=IMAGE_SIZE // 2, patch_size=2, in_channels=LATENT_CHANNELS,
+                                        num_layers=2, attention_head_dim=8, num_attention_heads=2,
+                                        joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16,
+                                        out_channels=LATENT_CHANNELS, pos_embed_max_size=16)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=_vae(),
+        text_encoder=_clip_encoder(len(clip)), tokenizer=clip, text_encoder_2=_clip_encoder(len(clip)),
+        tokenizer_2=clip_tokenizer(), text_encoder_3=_t5_encoder(len(t5)), tokenizer_3=t5,
+    )
+    pipe.save_pretrained(path)
+    return Path(path)
+
+
+def save_tiny_flux(path: str | Path, seed: int = 0) -> Path:
+    """A tiny FluxPipeline (CLIP pooled + T5 tokens, guidance-distilled like FLUX.1-dev) written to ``path``."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    clip, t5 = clip_tokenizer(), t5_tokenizer()
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=4 * LATENT_CHANNELS, num_layers=1,
+                                         num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                         joint_attention_dim=16, pooled_projection_dim=8, guidance_embeds=True,
+                                         axes_dims_rope=(2, 2, 4))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    pipe = FluxPipeline(transformer=transformer, scheduler=scheduler, vae=_vae(), text_encoder=_clip_encoder(len(clip), with_projection=False),
+                        tokenizer=clip, text_encoder_2=_t5_encoder(len(t5)), tokenizer_2=t5)
+    pipe.save_pretrained(path)
+    return Path(path)
