@@ -87,7 +87,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.iteration = 0
-        self.counters = {"grad_steps": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0, "nfe": 0, "train_seconds": 0.0}
+        # train_seconds: wall-clock of the iterations (evaluation excluded); train_cpu_s: the process's CPU time
+        # over the same span, robust to other jobs sharing the machine.
+        self.counters = {"grad_steps": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0, "nfe": 0, "train_seconds": 0.0,
+                         "train_cpu_s": 0.0}
         self.metrics: list[dict] = []
         self.evaluations: list[dict] = []
         self.logger = None
@@ -122,7 +125,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
-        self.counters = dict(state["counters"])
+        self.counters = {**self.counters, **state["counters"]}  # counters added since the checkpoint start at 0
         self.metrics = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < self.iteration]
         self.evaluations = [e for e in self.run.read_jsonl("eval.jsonl") if e["iteration"] <= self.iteration]
 
@@ -195,7 +198,7 @@ class Trainer:
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""
         clock = time.perf_counter
-        start = clock()
+        start, cpu_start = clock(), time.process_time()
         prompts, cond, group = self._prompts()
         batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
@@ -214,6 +217,7 @@ class Trainer:
         nfe = self.algorithm.nfe()
         self.counters["nfe"] += sum(nfe.values())
         self.counters["train_seconds"] += updated - start
+        self.counters["train_cpu_s"] += time.process_time() - cpu_start
         self.iteration += 1
         row = {
             "iteration": self.iteration - 1,
@@ -233,6 +237,7 @@ class Trainer:
             "grad_steps": self.counters["grad_steps"],
             "skipped_steps": self.counters["skipped_steps"],
             "train_seconds": self.counters["train_seconds"],
+            "train_cpu_s": self.counters["train_cpu_s"],
         }
         self.metrics.append(row)
         return row
@@ -250,6 +255,7 @@ class Trainer:
         result.update(
             iteration=self.iteration,
             train_seconds=self.counters["train_seconds"],
+            train_cpu_s=self.counters["train_cpu_s"],
             nfe_cumulative=self.counters["nfe"],
             grad_steps=self.counters["grad_steps"],
         )

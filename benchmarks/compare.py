@@ -53,7 +53,7 @@ def time_to_target(metrics: list[dict], target: float) -> dict:
         window = rewards[max(0, i - SMOOTHING + 1): i + 1]
         if sum(window) / len(window) >= target:
             row = metrics[i]
-            return {"time_to_target_s": row["train_seconds"], "cpu_time_to_target_s": row.get("cpu_seconds"),
+            return {"time_to_target_s": row["train_seconds"], "cpu_time_to_target_s": row.get("train_cpu_s"),
                     "nfe_to_target": row["nfe_cumulative"], "steps_to_target": row["grad_steps"]}
     return {"time_to_target_s": None, "cpu_time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
 
@@ -71,7 +71,7 @@ def summarise_run(trainer: Trainer, target: float) -> dict:
         "diversity": final["diversity"],
         "base_accuracy": trainer.evaluations[0]["accuracy"],
         "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
-        "cpu_seconds_per_iteration": metrics[-1]["cpu_seconds"] / len(metrics),
+        "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
         "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
     }
 

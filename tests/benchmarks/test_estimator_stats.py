@@ -61,7 +61,7 @@ def test_gradient_agreement_closed_forms():
 
 def test_time_to_target_uses_the_smoothed_reward():
     rows = [
-        {"reward_mean": r, "train_seconds": 10.0 * (i + 1), "cpu_seconds": 20.0 * (i + 1), "nfe_cumulative": 14 * (i + 1),
+        {"reward_mean": r, "train_seconds": 10.0 * (i + 1), "train_cpu_s": 20.0 * (i + 1), "nfe_cumulative": 14 * (i + 1),
          "grad_steps": i + 1}
         for i, r in enumerate([0.1, 0.9, 0.2, 0.8, 0.9, 0.95])
     ]
