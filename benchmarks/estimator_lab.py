@@ -52,7 +52,7 @@ ESTIMATORS: dict[str, dict] = {
     "vgrpo_without_adaptive": {**VGRPO, "weighting": "v"},
     "vgrpo_batch_sharing": {**VGRPO, "sharing": "batch"},
     **{f"vgrpo_k{k}": {**VGRPO, "num_pairs": k} for k in (1, 2, 8)},
-    **{f"vgrpo_weighting_{w}": {**VGRPO, "weighting": w} for w in ("eps", "v", "x")},
+    **{f"vgrpo_weighting_{w}": {**VGRPO, "weighting": w} for w in ("eps", "x")},  # "v": vgrpo_without_adaptive
 }
 QUICK = ("naive", "vgrpo", "vgrpo_without_sharing", "vgrpo_without_stratified", "vgrpo_without_adaptive",
          "vgrpo_k2", "vgrpo_k8", "vgrpo_weighting_eps", "vgrpo_weighting_x")
