@@ -39,6 +39,7 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     epochs: int = 1  # passes over the rollout per iteration
     minibatch_size: int | None = None  # None: the whole rollout in one gradient step per epoch
+    micro_batch_size: int | None = None  # rows per forward/backward inside a minibatch (gradient accumulation)
     max_nonfinite_steps: int = 5  # abort after this many consecutive skipped (non-finite) steps
 
 
@@ -153,6 +154,8 @@ def validate(config: TrainConfig) -> None:
         raise ValueError(f"optim.lr must be > 0, got {config.optim.lr}.")
     if config.optim.minibatch_size is not None and config.optim.minibatch_size < 1:
         raise ValueError(f"optim.minibatch_size must be >= 1 or None, got {config.optim.minibatch_size}.")
+    if config.optim.micro_batch_size is not None and config.optim.micro_batch_size < 1:
+        raise ValueError(f"optim.micro_batch_size must be >= 1 or None, got {config.optim.micro_batch_size}.")
     if config.eval.every < 0:
         raise ValueError(f"eval.every must be >= 0, got {config.eval.every}.")
     window = config.flow_grpo.window_size

@@ -17,6 +17,7 @@ averages the gradients; rank 0 alone evaluates and writes files (see :mod:`integ
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import time
@@ -173,9 +174,8 @@ class Trainer:
         outputs = []
         for _ in range(optim.epochs):
             for minibatch in buffer:
-                losses = self.algorithm.loss(minibatch, self.generator)
                 self.optimizer.zero_grad(set_to_none=True)
-                total_loss(losses).backward()
+                losses = self._accumulate_gradients(minibatch)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
@@ -194,6 +194,25 @@ class Trainer:
         keys = list(outputs[0])
         steps = torch.stack([torch.stack([o[key].float() for key in keys]) for o in outputs])  # [steps, keys]
         return dict(zip(keys, all_reduce_metrics(steps, keys).mean(0).tolist()))  # global values (processes combined)
+
+    def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
+        """Backpropagate the loss of ``minibatch``, in micro-batches of ``optim.micro_batch_size`` rows when set
+        (each micro-batch's loss weighted by its share of the rows, so the gradient is the minibatch's; DDP
+        synchronises only on the last one). Returns the losses and diagnostics averaged the same way."""
+        size = self.config.optim.micro_batch_size
+        micro_batches = [minibatch] if size is None or size >= minibatch.shape[0] else minibatch.split(size)
+        policy = self.algorithm.policy
+        averaged: dict[str, torch.Tensor] = {}
+        for index, micro in enumerate(micro_batches):
+            share = micro.shape[0] / minibatch.shape[0]
+            last = index == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
+            with sync:
+                losses = self.algorithm.loss(micro, self.generator)
+                (total_loss(losses) * share).backward()
+            for key, value in losses.items():
+                averaged[key] = averaged.get(key, 0.0) + value.detach() * share
+        return averaged
 
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""
