@@ -976,7 +976,10 @@ def test_fuzz_config_overrides(data):
         expect_error(lambda: apply_overrides(TrainConfig(), [key]), ValueError, r"must look like key=value")
         return
     elif kind == "from_dict_type":
-        wrong = draw(st.sampled_from([[], {}, "x", True] + ([1.5] if base == "int" else []) + ([3] if base == "str" else [])))
+        # A string is the right type for a str field (e.g. task="x"; unknown task names are refused when the
+        # trainer loads the task), so "x" is a wrong type only for the other fields.
+        wrong = draw(st.sampled_from([[], {}, True] + ([] if base == "str" else ["x"]) + ([1.5] if base == "int" else [])
+                                     + ([3] if base == "str" else [])))
         section, _, name = key.rpartition(".")
         payload = TrainConfig().to_dict()
         (payload[section] if section else payload)[name] = wrong
