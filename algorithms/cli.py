@@ -96,10 +96,7 @@ def _eval(args) -> int:
         task.load_policy().eval(), prompts, num_steps=config.eval.num_steps, generator=torch.Generator().manual_seed(config.eval.seed)
     )
     print_evaluation_table(task.evaluate(base_images, prompts), result)
-    from integrations.testbed.evaluation import sample_grid_png
-
-    grid = sample_grid_png(images, Path(args.run) / "eval_grid.png", nrow=args.per_prompt or config.eval.per_prompt)
-    print(f"sample grid: {grid}")
+    print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png')}")
     return 0
 
 

@@ -10,6 +10,7 @@ A task is any object with this protocol (the testbed's :class:`integrations.test
     decode(samples)                    model space -> images in [0, 1] for the reward
     reward()                           reward(images, prompts) -> (N,)
     eval_prompts(per_prompt), sample(policy, prompts, num_steps, generator), evaluate(images, prompts)
+    write_samples(images, prompts, path)   a sample grid PNG
 
 The embedded testbed provides every task that runs anywhere. The paper's SD3.5-Medium and FLUX.1-dev
 settings are presets whose tasks (:class:`integrations.diffusers_adapters.task.DiffusersTask`) need those models

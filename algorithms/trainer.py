@@ -279,18 +279,8 @@ class Trainer:
             grad_steps=self.counters["grad_steps"],
         )
         self.evaluations.append(result)
-        self._write_grid(images, prompts)
+        self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
         return result
-
-    def _write_grid(self, images: torch.Tensor, prompts: torch.Tensor) -> None:
-        from integrations.testbed.evaluation import sample_grid_png
-
-        if hasattr(self.task, "write_samples"):  # a task with its own image format (RGB, large: the diffusers task)
-            self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
-            return
-        per_prompt = min(self.config.eval.per_prompt, 10)
-        keep = torch.arange(images.shape[0]) % self.config.eval.per_prompt < per_prompt
-        sample_grid_png(images[keep][:200], self.run.root / f"samples_iter_{self.iteration:06d}.png", nrow=per_prompt)
 
     def _log(self, row: dict, prefix: str) -> None:
         if self.logger is None:

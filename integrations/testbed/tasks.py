@@ -20,13 +20,14 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from integrations.testbed.checkpoints import load_pretrained
 from integrations.testbed.data import to_images
-from integrations.testbed.evaluation import evaluate
+from integrations.testbed.evaluation import evaluate, sample_grid_png
 from integrations.testbed.rewards import (
     DigitProbability,
     Reward,
@@ -132,6 +133,15 @@ class Task:
     def sample(self, policy: nn.Module, prompts: torch.Tensor, **kwargs) -> torch.Tensor:
         """Images ``(B, *image_shape)`` in ``[0, 1]`` from ``policy``; kwargs as in ``sample_images``."""
         return sample_images(policy, prompts, **kwargs)
+
+    def write_samples(self, images: torch.Tensor, prompts: torch.Tensor, path) -> Path:
+        """A PNG grid of evaluation images (prompts repeated consecutively): one row per prompt, at most 10
+        images per row and 200 in all, written atomically."""
+        same = prompts == prompts[0]
+        per_prompt = int((same.all(-1) if prompts.ndim > 1 else same).sum())
+        shown = min(per_prompt, 10)
+        keep = torch.arange(images.shape[0]) % per_prompt < shown
+        return sample_grid_png(images[keep][:200], path, nrow=shown)
 
     def evaluate(self, images: torch.Tensor, prompts: torch.Tensor) -> dict:
         """``evaluation.evaluate(images, prompts, self)``."""
