@@ -1,0 +1,36 @@
+"""The benchmark commands end to end at toy sizes on the 8x8 digits: they run and write what they promise."""
+
+import json
+
+from benchmarks.compare import run_compare
+from benchmarks.estimator_lab import run_lab
+
+SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward", "final_accuracy",
+                "seconds_per_iteration", "judge_gap", "diversity"}
+
+
+def test_compare_writes_the_documented_summary(tmp_path):
+    tiny = ["iterations=3", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2",
+            "eval.num_steps=4"]
+    run_compare(tmp_path, task="digits8", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"] == "digits8" and summary["target_reward"] == 0.6
+    assert set(summary["algorithms"]) == {"vgrpo", "diffusion_nft"}
+    for row in summary["algorithms"].values():
+        assert SUMMARY_KEYS <= set(row)
+    for name in ("summary.md", "reward_vs_train_seconds.png", "reward_vs_nfe_cumulative.png", "reward_vs_grad_steps.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_estimator_lab_writes_statistics_and_ground_truth(tmp_path):
+    report = run_lab(tmp_path, quick=True, task="digits8", names=("naive", "vgrpo"))
+    written = json.loads((tmp_path / "estimators.json").read_text())
+    assert set(written["estimators"]) == {"naive", "vgrpo", "vgrpo_importance (ours)"}
+    for stats in written["estimators"].values():
+        assert 0.0 <= stats["mc_noise_share"] <= 1.0 + 1e-9 and -1.0 <= stats["gradient_cosine"] <= 1.0
+    # The group-shared estimator's within-group noise is below the naive one's on any policy (pairs shared
+    # within a group cancel); measured ratio on this toy setting 4.6x (0.464 vs 0.102), asserted 1.5x.
+    assert written["estimators"]["vgrpo"]["within_group_cv"] * 1.5 < written["estimators"]["naive"]["within_group_cv"]
+    assert set(report["ground_truth"]["estimators"]) == {"naive", "vgrpo"}
+    assert (tmp_path / "estimators.png").stat().st_size > 0
