@@ -30,8 +30,8 @@ class Constant:
 
 
 @dataclass(frozen=True)
-class Linear:
-    """From ``start`` to ``end`` over ``steps`` steps, then ``end``."""
+class _Interpolation:
+    """A schedule from ``start`` to ``end`` over ``steps`` steps, then ``end``; subclasses give the shape."""
 
     start: float
     end: float
@@ -40,25 +40,22 @@ class Linear:
     def __post_init__(self):
         _check_steps("steps", self.steps)
 
+    def fraction(self, step: int) -> float:
+        return min(max(step, 0), self.steps) / self.steps
+
+
+class Linear(_Interpolation):
+    """From ``start`` to ``end`` linearly over ``steps`` steps, then ``end``."""
+
     def __call__(self, step: int) -> float:
-        fraction = min(max(step, 0), self.steps) / self.steps
-        return self.start + (self.end - self.start) * fraction
+        return self.start + (self.end - self.start) * self.fraction(step)
 
 
-@dataclass(frozen=True)
-class Cosine:
+class Cosine(_Interpolation):
     """Cosine decay from ``start`` to ``end`` over ``steps`` steps, then ``end``."""
 
-    start: float
-    end: float
-    steps: int
-
-    def __post_init__(self):
-        _check_steps("steps", self.steps)
-
     def __call__(self, step: int) -> float:
-        fraction = min(max(step, 0), self.steps) / self.steps
-        return self.end + 0.5 * (self.start - self.end) * (1.0 + math.cos(math.pi * fraction))
+        return self.end + 0.5 * (self.start - self.end) * (1.0 + math.cos(math.pi * self.fraction(step)))
 
 
 @dataclass(frozen=True)
