@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Reward, register_reward
-from .loading import load_weights, resolve_local_files_only
+from .loading import load_config_and_processors, load_weights, resolve_local_files_only
 from .preprocess import ImagePreprocessor
 
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
@@ -128,17 +128,12 @@ class HPSv21(CLIPSimilarity):
             base: hub name or directory of a transformers CLIP-H/14 (config, tokenizer, image
                 processor; its weights are not loaded).
         """
-        from transformers import AutoImageProcessor, AutoTokenizer, CLIPConfig, CLIPModel
+        from transformers import CLIPConfig, CLIPModel
 
         purpose = "the HPSv2.1 reward"
         local = resolve_local_files_only(local_files_only)
         path = _local_or_hub_file(checkpoint, filename, local, purpose)
-        config = load_weights(lambda: CLIPConfig.from_pretrained(base, local_files_only=local), base,
-                              f"{purpose} (the CLIP-H/14 config)")
-        tokenizer = load_weights(lambda: AutoTokenizer.from_pretrained(base, local_files_only=local), base,
-                                 f"{purpose} (its tokenizer)")
-        image_processor = load_weights(lambda: AutoImageProcessor.from_pretrained(base, local_files_only=local), base,
-                                       f"{purpose} (its image processor config)")
+        config, tokenizer, image_processor = load_config_and_processors(CLIPConfig, base, local, purpose, "CLIP-H/14")
         state = torch.load(path, map_location="cpu", weights_only=True)
         state = state.get("state_dict", state)
         model = CLIPModel(config)

@@ -23,7 +23,7 @@ from torch import nn
 
 from .base import Reward, register_reward
 from .clip_rewards import ScoreMLP, _load_strict_params, _local_or_hub_file
-from .loading import load_weights, resolve_local_files_only
+from .loading import load_config_and_processors, resolve_local_files_only
 from .preprocess import ImagePreprocessor
 
 IMAGE_REWARD_REPO, IMAGE_REWARD_FILE = "THUDM/ImageReward", "ImageReward.pt"
@@ -64,18 +64,13 @@ class ImageReward(Reward):
                 image-processor statistics are used (its weights are not loaded).
             image_size: the input resolution ImageReward was trained at (224).
         """
-        from transformers import AutoImageProcessor, AutoTokenizer, BlipConfig, BlipVisionModel
+        from transformers import BlipConfig, BlipVisionModel
         from transformers.models.blip.modeling_blip_text import BlipTextModel
 
         purpose = "the ImageReward reward"
         local = resolve_local_files_only(local_files_only)
         path = _local_or_hub_file(checkpoint, filename, local, purpose)
-        config = load_weights(lambda: BlipConfig.from_pretrained(blip, local_files_only=local), blip,
-                              f"{purpose} (the BLIP config)")
-        tokenizer = load_weights(lambda: AutoTokenizer.from_pretrained(blip, local_files_only=local), blip,
-                                 f"{purpose} (the BLIP tokenizer)")
-        image_processor = load_weights(lambda: AutoImageProcessor.from_pretrained(blip, local_files_only=local), blip,
-                                       f"{purpose} (the BLIP image statistics)")
+        config, tokenizer, image_processor = load_config_and_processors(BlipConfig, blip, local, purpose, "BLIP")
         config.vision_config.image_size = image_size
         vision, text = BlipVisionModel(config.vision_config), BlipTextModel(config.text_config, add_pooling_layer=False)
         head = ScoreMLP(config.text_config.hidden_size)

@@ -51,3 +51,15 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
             f"local directory holding the weights. Underlying error: {type(err).__name__}: {err}"
         ) from err
 
+
+def load_config_and_processors(config_class, name: str, local_files_only: bool, purpose: str, model_kind: str):
+    """A transformers config, tokenizer and image processor from ``name`` (hub id or folder), each failing
+    clearly when missing offline: the pieces a converted original checkpoint is loaded into."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    def load(loader, what: str):
+        return load_weights(lambda: loader.from_pretrained(name, local_files_only=local_files_only), name,
+                            f"{purpose} ({what})")
+
+    return (load(config_class, f"the {model_kind} config"), load(AutoTokenizer, f"the {model_kind} tokenizer"),
+            load(AutoImageProcessor, f"the {model_kind} image processor config"))
