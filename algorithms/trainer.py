@@ -18,7 +18,6 @@ averages the gradients; rank 0 alone evaluates and writes files (see :mod:`integ
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import time
 import warnings
@@ -30,7 +29,7 @@ from tqdm.auto import tqdm
 
 from algorithms.config import TrainConfig
 from algorithms.registry import ALGORITHM_CLASSES
-from algorithms.run_dir import RunDir, atomic_write_bytes
+from algorithms.run_dir import RunDir, pyplot, save_figure
 from algorithms.tasks import load_task, repeat_each
 from integrations.distributed import Shard, all_reduce_metrics, shard_groups, wrap_model
 from vgrpo_lib.advantages import GroupAdvantage, group_statistics
@@ -345,10 +344,7 @@ def make_logger(log_dir: Path):
 
 def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
     """Training reward and evaluation accuracy (training classifier vs independent judge) against iteration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     if metrics:
@@ -366,7 +362,4 @@ def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
     ylabel = "accuracy" if "accuracy" in curves else "reward"
     right.set(xlabel="iteration", ylabel=f"{ylabel} (held-out seeds, CFG-free)", title="evaluation")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_figure(fig, path)

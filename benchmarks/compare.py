@@ -14,13 +14,12 @@ comparison is between the algorithms' cores. The sweep results are kept in the s
 
 from __future__ import annotations
 
-import io
 import json
 import statistics
 from pathlib import Path
 
 from algorithms.cli import build_config
-from algorithms.run_dir import atomic_write_bytes, atomic_write_text
+from algorithms.run_dir import atomic_write_text, pyplot, save_figure
 from algorithms.trainer import Trainer
 
 # Target mean training reward per task, fixed before the comparison runs, about 80% of the way from the base
@@ -155,10 +154,7 @@ def markdown_table(summary: dict) -> str:
 
 def plot_curves(curves: dict, x_key: str, label: str, target: float, path: Path) -> None:
     """Mean training reward (seed band: min to max over seeds) against ``x_key``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axis = plt.subplots(figsize=(6, 4))
     for algo, seeds in curves.items():
@@ -172,7 +168,4 @@ def plot_curves(curves: dict, x_key: str, label: str, target: float, path: Path)
     axis.set(xlabel=label, ylabel="mean training reward")
     axis.legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_figure(fig, path)

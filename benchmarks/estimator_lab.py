@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from algorithms.run_dir import atomic_write_text
-from algorithms.tasks import load_task, to_images
+from algorithms.run_dir import atomic_write_text, pyplot, save_figure
+from algorithms.tasks import load_task
 from benchmarks.estimator_stats import (
     coefficient_of_variation,
     gradient_agreement,
@@ -68,7 +68,7 @@ def rollout(task_name: str, prompts: int, group_size: int, steps: int, seed: int
     with torch.no_grad():
         noise = torch.randn((cond.shape[0], *task.image_shape), generator=generator)
         sample = sample_ode(policy, noise, cond, time_grid(steps))
-        reward = task.reward()(to_images(sample), cond)
+        reward = task.reward()(task.decode(sample), cond)
     return policy, sample, cond, group, GroupAdvantage()(reward, group)
 
 
@@ -161,15 +161,7 @@ def run_lab(out: str | Path, *, quick: bool = False, task: str = "digit", seed: 
 
 
 def plot_lab(results: dict, path: Path) -> None:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from algorithms.run_dir import atomic_write_bytes
-
+    plt = pyplot()
     names = list(results)
     panels = [("within_group_cv", "within-group CV (lower is better)"),
               ("gradient_cosine", "gradient cosine between draws (higher is better)"),
@@ -182,7 +174,4 @@ def plot_lab(results: dict, path: Path) -> None:
     for axis in axes[1:]:
         axis.set_yticklabels([])
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_figure(fig, path)
