@@ -197,11 +197,12 @@ class Trainer:
     def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
         """Backpropagate the loss of ``minibatch``, in micro-batches of ``optim.micro_batch_size`` rows when set
         (each micro-batch's loss weighted by its share of the rows, so the gradient is the minibatch's; DDP
-        synchronises only on the last one). Returns the losses and diagnostics averaged the same way."""
+        synchronises only on the last one). Returns the losses and diagnostics combined the same way (``*_min`` /
+        ``*_max`` diagnostics by min / max, as across processes)."""
         size = self.config.optim.micro_batch_size
         micro_batches = [minibatch] if size is None or size >= minibatch.shape[0] else minibatch.split(size)
         policy = self.algorithm.policy
-        averaged: dict[str, torch.Tensor] = {}
+        combined: dict[str, torch.Tensor] = {}
         for index, micro in enumerate(micro_batches):
             share = micro.shape[0] / minibatch.shape[0]
             last = index == len(micro_batches) - 1
@@ -210,8 +211,16 @@ class Trainer:
                 losses = self.algorithm.loss(micro, self.generator)
                 (total_loss(losses) * share).backward()
             for key, value in losses.items():
-                averaged[key] = averaged.get(key, 0.0) + value.detach() * share
-        return averaged
+                value = value.detach()
+                if key not in combined:
+                    combined[key] = value if key.endswith(("_min", "_max")) else value * share
+                elif key.endswith("_min"):
+                    combined[key] = torch.minimum(combined[key], value)
+                elif key.endswith("_max"):
+                    combined[key] = torch.maximum(combined[key], value)
+                else:
+                    combined[key] = combined[key] + value * share
+        return combined
 
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from algorithms.cli import main as cli_main
 from algorithms.run_dir import RunDir, read_csv
@@ -173,3 +174,18 @@ def test_micro_batches_accumulate_the_same_gradient(algo, tiny_config, tmp_path)
     lr = whole.config.optim.lr
     for a, b in zip(whole.policy.state_dict().values(), split.policy.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0.0, atol=0.05 * lr)
+
+
+def test_micro_batch_diagnostics_combine_by_share_and_extremes(tiny_config, tmp_path):
+    # 16 rows in micro-batches of 5, 5, 5, 1; each micro-batch reports its own size as every statistic.
+    trainer = Trainer(tiny_config("vgrpo", "optim.micro_batch_size=5"), tmp_path / "run", progress=False)
+    weight = next(trainer.policy.parameters())
+
+    def sized_loss(micro, generator):
+        size = torch.tensor(float(micro.shape[0]))
+        return TensorDict({"loss_objective": (weight * 0).sum() + size, "ratio_min": size, "ratio_max": size}, [])
+
+    trainer.algorithm.loss = sized_loss
+    combined = trainer._accumulate_gradients(TensorDict({"x": torch.zeros(16)}, [16]))
+    assert combined["loss_objective"].item() == pytest.approx((5 * 5 * 3 + 1 * 1) / 16)  # share-weighted mean
+    assert (combined["ratio_min"].item(), combined["ratio_max"].item()) == (1.0, 5.0)
