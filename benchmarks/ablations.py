@@ -42,6 +42,12 @@ PAPER_SET = {
     "ratio_clip_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.clip_low=0.01",
                            "vgrpo.clip_high=0.01"],
     "kl_behaviour_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3"],
+    # The same step control at a third of the learning rate: 4 steps per rollout at lr 3e-4 move the policy
+    # about as far per rollout as one step at 1e-3, which is unstable for every estimator.
+    "ratio_clip_4_steps_lr1e-4": ["advantage.soft_clip=none", "optim.minibatch_size=32", "optim.lr=1e-4"],
+    "kl_behaviour_4_steps_lr1e-4": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3",
+                                    "optim.lr=1e-4"],
+    "soft_clip_4_steps_lr1e-4": ["optim.minibatch_size=32", "optim.lr=1e-4"],
 }
 
 REGIME_CELLS = {
@@ -52,6 +58,7 @@ REGIME_CELLS = {
     "digit_k1": ["task=digit", "vgrpo.num_pairs=1"],
     "digit_lr1e-3": ["task=digit", "optim.lr=1e-3"],
     "digit_4_steps": ["task=digit", "optim.minibatch_size=32", "advantage.soft_clip=none"],
+    "digit_4_steps_lr1e-4": ["task=digit", "optim.minibatch_size=32", "advantage.soft_clip=none", "optim.lr=1e-4"],
 }
 
 

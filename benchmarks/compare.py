@@ -26,7 +26,9 @@ from algorithms.trainer import Trainer
 # policy's reward to the best final reward of pilot V-GRPO runs: digit base 0.47, pilots 0.92-0.99 -> 0.85;
 # pair base 0.10, pilots 0.36 (20 iterations) to 0.94 (150) -> 0.5; style base 0.54, pilot 1.0 -> 0.9;
 # digit_style (digit probability + 0.5 thickness, base about 0.74, no pilot) -> 1.2; digits8 (tests) -> 0.6.
-TARGETS = {"digit": 0.85, "pair": 0.5, "style": 0.9, "digit_style": 1.2, "digits8": 0.6}
+# style: the 80% rule gives 0.9, which every algorithm passed within 2 iterations in the quick comparison (the
+# reward ignores the prompt and saturates); 0.99 (near saturation) asks for convergence instead of a first jump.
+TARGETS = {"digit": 0.85, "pair": 0.5, "style": 0.99, "digit_style": 1.2, "digits8": 0.6}
 SMOOTHING = 3
 LEARNING_RATES = (1e-4, 3e-4, 1e-3)
 
