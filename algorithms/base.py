@@ -9,6 +9,10 @@ algorithm owns only what makes it different:
 - ``loss``: the TorchRL loss module applied to a minibatch;
 - ``after_iteration``: old-policy updates;
 - ``nfe``: model evaluations per sample per iteration, for cost accounting.
+
+An algorithm is built from the config, the policies it asked for (:class:`algorithms.policies.Policies`:
+``needs_reference`` / ``needs_behaviour``), the sample shape and the rollout time grid (the task's; see
+:func:`algorithms.tasks.rollout_grid`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from algorithms.config import TrainConfig
+from algorithms.policies import Policies
 from integrations.distributed import Shard
-from vgrpo_lib.samplers import nfe_per_sample, sample_ode, time_grid
+from vgrpo_lib.samplers import nfe_per_sample, sample_ode
 
 
 def expand_rows(value, num: int):
@@ -34,9 +39,9 @@ class Algorithm:
 
     name = "algorithm"
 
-    def __init__(self, config: TrainConfig, policy: nn.Module, sample_shape: tuple[int, ...], reference: nn.Module | None):
-        self.config, self.policy, self.sample_shape, self.reference = config, policy, tuple(sample_shape), reference
-        self.grid = time_grid(config.rollout.num_steps, shift=config.rollout.shift)
+    def __init__(self, config: TrainConfig, policies: Policies, sample_shape: tuple[int, ...], grid: list[float]):
+        self.config, self.sample_shape, self.grid = config, tuple(sample_shape), list(grid)
+        self.policy, self.reference, self.behaviour = policies.trained, policies.reference, policies.behaviour
         self.loss_module: nn.Module | None = None
         # This process's block of the global batch; the trainer sets it in multi-process runs. Batch-sized random
         # draws go through it (drawn globally, block kept) so that W processes reproduce one.
@@ -45,6 +50,11 @@ class Algorithm:
     @staticmethod
     def needs_reference(config: TrainConfig) -> bool:
         """Whether the algorithm needs a frozen copy of the base policy (a KL to it is configured)."""
+        return False
+
+    @staticmethod
+    def needs_behaviour(config: TrainConfig) -> bool:
+        """Whether the algorithm needs a soft-updated behaviour policy (:class:`algorithms.policies.BehaviourPolicy`)."""
         return False
 
     @property

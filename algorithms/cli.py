@@ -1,4 +1,4 @@
-"""The ``vgrpo`` command: train, sample and evaluate on the embedded testbed.
+"""The ``vgrpo`` command: train, sample and evaluate (testbed tasks, or a hub-model run via ``--run``).
 
     vgrpo train --algo vgrpo [--task digit] [--preset testbed] [key=value ...] --out RUN_DIR [--resume]
     torchrun --nproc_per_node N -m algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
@@ -38,7 +38,7 @@ def load_run_policy(run_dir: str | Path):
     state = run.load_latest_checkpoint()
     if state is None:
         raise FileNotFoundError(f"{run.root} has no loadable checkpoint.")
-    task = load_task(config.task)
+    task = load_task(config.task, config.model)
     policy = task.load_policy()
     policy.load_state_dict(state["policy"])
     return config, task, policy.eval()
@@ -70,11 +70,14 @@ def _sample(args) -> int:
         policy = task.load_policy().eval()
     prompts = task.eval_prompts(args.per_prompt)
     images = task.sample(policy, prompts, num_steps=args.steps, generator=torch.Generator().manual_seed(args.seed))
-    labels = prompts.to(torch.int64)
+    # Testbed prompts are digit ids (saved as "labels"); a hub-model task's are strings (saved as "prompts").
+    if isinstance(prompts, torch.Tensor):
+        name, conditioning = "labels", prompts.to(torch.int64).numpy()
+    else:
+        name, conditioning = "prompts", np.array(prompts, dtype=str)
     out = Path(args.out)
-    buffer = _npz_bytes(images=images.float().numpy(), labels=labels.numpy())
-    atomic_write_bytes(out, buffer)
-    print(f"wrote {images.shape[0]} images {tuple(images.shape[1:])} and labels {tuple(labels.shape)} to {out}")
+    atomic_write_bytes(out, _npz_bytes(images=images.float().numpy(), **{name: conditioning}))
+    print(f"wrote {images.shape[0]} images {tuple(images.shape[1:])} and {name} {conditioning.shape} to {out}")
     return 0
 
 

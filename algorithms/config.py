@@ -15,6 +15,7 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 
+from integrations.distributed import STRATEGIES
 from vgrpo_lib.advantages import SCALES
 from vgrpo_lib.elbo import SHARING_SCOPES
 from vgrpo_lib.samplers import ODE_SOLVERS
@@ -29,7 +30,9 @@ class RolloutConfig:
 
     num_steps: int = 10
     solver: str = "euler"  # euler | heun | dpmpp_2m (deterministic ODE; V-GRPO and DiffusionNFT)
-    shift: float = 1.0  # SD3 time shift of the grid
+    # SD3 time shift of the grid; None: the task's own grid (testbed: uniform; a diffusers task: its pipeline
+    # scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included)
+    shift: float | None = None
 
 
 @dataclass
@@ -86,6 +89,31 @@ class DiffusionNFTConfig:
 
 
 @dataclass
+class ModelConfig:
+    """The hub-model tasks (``task=sd3.5-medium`` / ``task=flux.1-dev``); testbed tasks ignore this section."""
+
+    path: str | None = None  # local diffusers pipeline directory or hub id (None: the task's, from the HF cache)
+    prompts: str | None = None  # training prompt file, one prompt per line (required by the hub tasks)
+    eval_prompts: str | None = None  # evaluation prompt file (None: the first 8 training prompts)
+    reward: str = "pickscore"  # a reward name or a weighted sum "pickscore:1,ocr:0.5"
+    image_size: str | None = None  # "512" or "HxW" in pixels (None: 512 SD3.5-M, 720 FLUX.1-dev)
+    lora_rank: int = 32
+    lora_alpha: int = 64
+    device: str | None = None  # None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA
+    dtype: str = "bfloat16"  # storage dtype of the pretrained weights
+    max_sequence_length: int | None = None  # T5 tokens per prompt (None: 256 SD3 / 512 FLUX)
+    gradient_checkpointing: bool | None = None  # None: on with CUDA
+    batch_size: int = 8  # samples per evaluation forward, VAE decode and text-encoder call
+
+
+@dataclass
+class DistributedConfig:
+    """Multi-process training under torchrun (see :mod:`integrations.distributed`)."""
+
+    strategy: str = "ddp"  # ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes)
+
+
+@dataclass
 class EvalConfig:
     every: int = 10  # iterations between evaluations (0: only at the start and the end)
     per_prompt: int = 20
@@ -110,6 +138,8 @@ class TrainConfig:
     flow_grpo: FlowGRPOConfig = field(default_factory=FlowGRPOConfig)
     diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self):
         validate(self)
@@ -173,6 +203,8 @@ OPTIONS = {
     "vgrpo.weighting": tuple(WEIGHTINGS),
     "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
     "diffusion_nft.weighting": tuple(WEIGHTINGS),
+    "distributed.strategy": STRATEGIES,
+    "model.dtype": ("bfloat16", "float16", "float32"),
 }
 
 
@@ -208,11 +240,24 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
                 "vgrpo.ref_kl_coef", "flow_grpo.clip_epsilon", "flow_grpo.kl_coef", "diffusion_nft.decay_rate",
                 "diffusion_nft.kl_coef"):
         need(key, non_negative, ">= 0")
-    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "diffusion_nft.num_pairs"):
+    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "diffusion_nft.num_pairs", "model.lora_rank",
+                "model.lora_alpha", "model.max_sequence_length", "model.batch_size"):
         need(key, lambda v: v >= 1, ">= 1")
     need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
     need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
+    need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
+
+
+def parse_image_size(text: str) -> int | tuple[int, int] | None:
+    """``"512"`` -> 512, ``"720x1280"`` -> (720, 1280); None unless every side is a positive multiple of 16."""
+    parts = text.lower().split("x")
+    if len(parts) > 2 or not all(part.strip().isdigit() for part in parts):
+        return None
+    sides = [int(part) for part in parts]
+    if not all(side > 0 and side % 16 == 0 for side in sides):
+        return None
+    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
 
 
 def _resolve(tp):

@@ -1,7 +1,7 @@
 """DiffusionNFT (Zheng et al., 2025): negative-aware fine-tuning on the forward process.
 
-    rollout   the OLD policy (a soft copy of the trained one) with a deterministic ODE solver; only clean
-              samples are kept
+    rollout   the OLD policy (the behaviour policy: a soft copy of the trained one; with LoRA a second adapter
+              of the same transformer) with a deterministic ODE solver; only clean samples are kept
     loss      DiffusionNFTLoss on fresh timestep-noise pairs each gradient step (timesteps from the rollout
               grid, every step once by default): implicit positive / negative policies weighted by the
               optimality r(A)
@@ -12,11 +12,8 @@ Cost per sample and iteration: rollout steps + 2 forwards (trained and old polic
 
 from __future__ import annotations
 
-import copy
-
 from algorithms.base import Algorithm
-from integrations.distributed import unwrap
-from vgrpo_lib.control import OldPolicyDecay, ema_update_
+from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import DiffusionNFTLoss
 from vgrpo_lib.timesteps import DiscreteGrid
@@ -25,10 +22,10 @@ from vgrpo_lib.timesteps import DiscreteGrid
 class DiffusionNFT(Algorithm):
     name = "diffusion_nft"
 
-    def __init__(self, config, policy, sample_shape, reference):
-        super().__init__(config, policy, sample_shape, reference)
+    def __init__(self, config, policies, sample_shape, grid):
+        super().__init__(config, policies, sample_shape, grid)
         c = config.diffusion_nft
-        self.old_policy = copy.deepcopy(unwrap(policy)).requires_grad_(False)
+        policy, reference, self.old_policy = self.policy, self.reference, self.behaviour
         self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)
         self.num_pairs = c.num_pairs or config.rollout.num_steps
         training_times = DiscreteGrid(self.grid[:-1], stratified=True)
@@ -47,6 +44,10 @@ class DiffusionNFT(Algorithm):
     def needs_reference(config) -> bool:
         return config.diffusion_nft.kl_coef is not None
 
+    @staticmethod
+    def needs_behaviour(config) -> bool:
+        return True
+
     def rollout_model(self):
         return self.old_policy
 
@@ -57,7 +58,7 @@ class DiffusionNFT(Algorithm):
         return self.loss_module(minibatch)
 
     def after_iteration(self, iteration: int) -> None:
-        ema_update_(self.old_policy.parameters(), self.policy.parameters(), self.decay(iteration))
+        self.old_policy.update_(self.decay(iteration))
 
     def nfe(self) -> dict[str, int]:
         per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)

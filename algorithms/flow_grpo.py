@@ -22,8 +22,9 @@ from vgrpo_lib.samplers import sample_sde
 class FlowGRPO(Algorithm):
     name = "flow_grpo"
 
-    def __init__(self, config, policy, sample_shape, reference):
-        super().__init__(config, policy, sample_shape, reference)
+    def __init__(self, config, policies, sample_shape, grid):
+        super().__init__(config, policies, sample_shape, grid)
+        policy, reference = self.policy, self.reference
         c = config.flow_grpo
         self.window = (
             None

@@ -1,8 +1,8 @@
 """Named settings: the testbed defaults per algorithm, and the paper's SD3.5-M / FLUX.1-dev settings.
 
 A preset is a list of ``key=value`` overrides applied before the user's own (see :mod:`algorithms.config`).
-The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist; here
-they fail with a clear message (see :func:`algorithms.tasks.load_task`).
+The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
+need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :func:`algorithms.tasks.load_task`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ TESTBED = {
 
 PAPER = {
     # SD3.5-M preference stage: LoRA r=32 (integrations), lr 3e-4, G=24, 48 prompts, K=4, one step, eta=3,
-    # 40-step ODE rollout without CFG.
+    # 40-step ODE rollout without CFG on the pipeline scheduler's grid (rollout.shift unset: SD3's shift 3).
     "sd3.5-medium": [
         "task=sd3.5-medium", "optim.lr=3e-4", "group_size=24", "prompts_per_iteration=48", "vgrpo.num_pairs=4",
-        "advantage.soft_clip=3.0", "rollout.num_steps=40", "rollout.solver=dpmpp_2m", "rollout.shift=3.0",
-        "iterations=580",
+        "advantage.soft_clip=3.0", "rollout.num_steps=40", "rollout.solver=dpmpp_2m", "iterations=580",
     ],
-    # FLUX.1-dev: 16-step rollout, K=4, ratio clipping over several steps per rollout, 300 iterations.
+    # FLUX.1-dev: 16-step rollout on the scheduler's resolution-dependent grid, K=4, ratio clipping over several
+    # steps per rollout, 300 iterations.
     "flux.1-dev": [
         "task=flux.1-dev", "vgrpo.num_pairs=4", "rollout.num_steps=16", "rollout.solver=dpmpp_2m",
-        "rollout.shift=3.0", "optim.epochs=2", "iterations=300",
+        "optim.epochs=2", "iterations=300",
     ],
 }
 

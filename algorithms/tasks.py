@@ -12,20 +12,29 @@ A task is any object with this protocol (the testbed's :class:`integrations.test
     eval_prompts(per_prompt), sample(policy, prompts, num_steps, generator), evaluate(images, prompts)
     write_samples(images, prompts, path)   a sample grid PNG
 
+and optionally:
+
+    time_grid(num_steps)               the task's own rollout grid (used when ``rollout.shift`` is None)
+    behaviour_policy(policy)           a soft-updated frozen policy (default: a copy, see algorithms.policies)
+
 The embedded testbed provides every task that runs anywhere. The paper's SD3.5-Medium and FLUX.1-dev
 settings are presets whose tasks (:class:`integrations.diffusers_adapters.task.DiffusersTask`) need those models
-locally (``VGRPO_MODEL_PATH`` or the Hugging Face cache, prompts in ``VGRPO_PROMPTS``, see
-``integrations.diffusers_adapters.task.ENVIRONMENT``); without them they fail with a message saying what is missing.
+locally (``model.path`` or the Hugging Face cache) and a prompt file (``model.prompts``), configured by the
+``model`` section of the run config; without them they fail with a message saying what is missing.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
+from algorithms.config import ModelConfig, RolloutConfig, parse_image_size
 from integrations.testbed.data import to_images, to_model_space
 from integrations.testbed.tasks import TASKS, Task, get_task
+from vgrpo_lib.samplers import time_grid
 
-__all__ = ["load_task", "repeat_each", "to_images", "to_model_space", "Task", "TASKS"]
+__all__ = ["load_task", "repeat_each", "rollout_grid", "to_images", "to_model_space", "Task", "TASKS"]
 
 HUB_TASKS = {
     "sd3.5-medium": "stabilityai/stable-diffusion-3.5-medium",
@@ -40,9 +49,18 @@ def repeat_each(prompts, times: int):
     return [prompt for prompt in prompts for _ in range(times)]
 
 
-def load_task(name: str):
+def rollout_grid(task, rollout: RolloutConfig) -> list[float]:
+    """The training rollout's time grid: ``time_grid(num_steps, shift)`` when ``rollout.shift`` is set, else the
+    task's own (``task.time_grid``; uniform for tasks without one)."""
+    if rollout.shift is None and hasattr(task, "time_grid"):
+        return list(task.time_grid(rollout.num_steps))
+    return time_grid(rollout.num_steps, shift=1.0 if rollout.shift is None else rollout.shift)
+
+
+def load_task(name: str, model: ModelConfig | None = None):
     """A testbed task by name, or a hub-model task (:func:`integrations.diffusers_adapters.task.hub_task`, configured
-    by ``VGRPO_*`` environment variables) when its weights are on this machine; a clear error when they are not."""
+    by ``model``, the run config's ``model`` section) when its weights are on this machine; a clear error when
+    they are not."""
     if name in HUB_TASKS:
         try:
             from integrations.diffusers_adapters.task import hub_task
@@ -52,5 +70,7 @@ def load_task(name: str):
                 f"diffusers integration cannot be imported ({error}). Install diffusers, transformers and peft, or "
                 f"use a testbed task: {', '.join(TASKS)}."
             ) from error
-        return hub_task(name)
+        settings = asdict(model or ModelConfig())
+        settings["image_size"] = None if settings["image_size"] is None else parse_image_size(settings["image_size"])
+        return hub_task(name, **settings)
     return get_task(name)

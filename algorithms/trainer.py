@@ -12,12 +12,12 @@ Costs are measured per phase (rollout, reward, prepare, update) and model evalua
 Checkpoints carry every RNG stream, so ``resume`` continues exactly.
 
 Launched with torchrun, every process trains its block of whole prompt groups of the global batch and DDP
-averages the gradients; rank 0 alone evaluates and writes files (see :mod:`integrations.distributed`).
+(``distributed.strategy=ddp``) or FSDP2 (``fsdp2``) averages the gradients; rank 0 alone evaluates and writes
+files, checkpoints hold full state dicts (see :mod:`integrations.distributed`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import warnings
@@ -28,10 +28,24 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacem
 from tqdm.auto import tqdm
 
 from algorithms.config import TrainConfig
+from algorithms.policies import Policies, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.run_dir import RunDir, pyplot, save_figure
-from algorithms.tasks import load_task, repeat_each
-from integrations.distributed import Shard, all_reduce_metrics, shard_groups, wrap_model
+from algorithms.tasks import load_task, repeat_each, rollout_grid
+from integrations.distributed import (
+    Shard,
+    all_reduce_metrics,
+    full_tensor,
+    gradient_sync,
+    is_sharded,
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+    shard_frozen,
+    shard_groups,
+    wrap_model,
+)
 from vgrpo_lib.advantages import GroupAdvantage, group_statistics
 from vgrpo_lib.losses import total_loss
 
@@ -73,12 +87,20 @@ class Trainer:
         if self.run.exists() and not _resuming:
             raise FileExistsError(f"{self.run.root} already holds a run; resume it with --resume or choose another --out.")
         torch.manual_seed(config.seed)
-        self.task = load_task(config.task)
+        self.task = load_task(config.task, config.model)
         self.policy = self.task.load_policy()
         algorithm_class = ALGORITHM_CLASSES[config.algo]
+        # The frozen versions are made from the unwrapped policy, then prepared for the strategy with it.
         reference = self.task.reference_policy(self.policy) if algorithm_class.needs_reference(config) else None
+        behaviour = make_behaviour(self.task, self.policy) if algorithm_class.needs_behaviour(config) else None
+        strategy = config.distributed.strategy
         # DDP's constructor is a collective: no rank passes it before every rank has checked the run directory.
-        self.algorithm = algorithm_class(config, wrap_model(self.policy), self.task.sample_shape, reference)
+        # FSDP2 shards self.policy in place (the optimizer below then holds the local shards).
+        policies = Policies(wrap_model(self.policy, strategy), shard_frozen(reference, strategy), behaviour)
+        if behaviour is not None:
+            behaviour.shard(strategy)
+        grid = rollout_grid(self.task, config.rollout)
+        self.algorithm = algorithm_class(config, policies, self.task.sample_shape, grid)
         self.algorithm.shard = self.shard
         self.reward_fn = self.task.reward()
         a = config.advantage
@@ -108,10 +130,12 @@ class Trainer:
     # -- state -------------------------------------------------------------------------------------------
 
     def _state(self) -> dict:
+        """Everything a resume needs, with full (gathered) weights: a collective under FSDP2, so every rank calls
+        it; rank 0 writes it."""
         return {
             "iteration": self.iteration,
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "policy": model_state_dict(self.policy),
+            "optimizer": optimizer_state_dict(self.policy, self.optimizer),
             "algorithm": self.algorithm.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -120,8 +144,8 @@ class Trainer:
 
     def _load_state(self, state: dict) -> None:
         self.iteration = state["iteration"]
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_model_state_dict(self.policy, state["policy"])
+        load_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -175,7 +199,7 @@ class Trainer:
             for minibatch in buffer:
                 self.optimizer.zero_grad(set_to_none=True)
                 losses = self._accumulate_gradients(minibatch)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
+                grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm))
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                     self.counters["grad_steps"] += 1
@@ -196,8 +220,8 @@ class Trainer:
 
     def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
         """Backpropagate the loss of ``minibatch``, in micro-batches of ``optim.micro_batch_size`` rows when set
-        (each micro-batch's loss weighted by its share of the rows, so the gradient is the minibatch's; DDP
-        synchronises only on the last one). Returns the losses and diagnostics combined the same way (``*_min`` /
+        (each micro-batch's loss weighted by its share of the rows, so the gradient is the minibatch's; DDP /
+        FSDP2 synchronise only on the last one). Returns the losses and diagnostics combined the same way (``*_min`` /
         ``*_max`` diagnostics by min / max, as across processes)."""
         size = self.config.optim.micro_batch_size
         micro_batches = [minibatch] if size is None or size >= minibatch.shape[0] else minibatch.split(size)
@@ -205,9 +229,7 @@ class Trainer:
         combined: dict[str, torch.Tensor] = {}
         for index, micro in enumerate(micro_batches):
             share = micro.shape[0] / minibatch.shape[0]
-            last = index == len(micro_batches) - 1
-            sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
-            with sync:
+            with gradient_sync(policy, enabled=index == len(micro_batches) - 1):
                 losses = self.algorithm.loss(micro, self.generator)
                 (total_loss(losses) * share).backward()
             for key, value in losses.items():
@@ -273,7 +295,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training."""
+        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training. Rank 0 records the
+        result and writes the sample grid; under FSDP2 every rank must call it (the sharded policy's forwards are
+        collectives) and computes the same images."""
         e = self.config.eval
         prompts = self.task.eval_prompts(e.per_prompt)
         generator = torch.Generator().manual_seed(e.seed)
@@ -286,8 +310,9 @@ class Trainer:
             nfe_cumulative=self.counters["nfe"],
             grad_steps=self.counters["grad_steps"],
         )
-        self.evaluations.append(result)
-        self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
+        if self.shard.is_main:
+            self.evaluations.append(result)
+            self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
         return result
 
     def _log(self, row: dict, prefix: str) -> None:
@@ -307,33 +332,39 @@ class Trainer:
     def train(self, until: int | None = None) -> list[dict]:
         """Run (or continue) until ``config.iterations``, or stop after iteration ``until`` with a checkpoint (as
         a job cut short would); returns the evaluations (rank 0 only evaluates and writes files: the other
-        processes return an empty list)."""
+        processes return an empty list; under FSDP2 they take part in the evaluation's forwards)."""
         c = self.config
         until = c.iterations if until is None else min(until, c.iterations)
         main = self.shard.is_main
+        evaluates = main or is_sharded(self.policy)
         if self.iteration == 0 and main:
             self.run.root.mkdir(parents=True, exist_ok=True)
             self.run.write_config(c.to_json())
-            self._log(self.evaluate(), "eval")
-            self._write_files()
+        if self.iteration == 0 and evaluates:
+            evaluation = self.evaluate()
+            if main:
+                self._log(evaluation, "eval")
+                self._write_files()
         progress = self.progress and main
         bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not progress)
         while self.iteration < until:
             row = self.step()
-            if not main:
-                continue
-            self._log(row, "train")
             last = self.iteration == c.iterations
-            if last or (c.eval.every and self.iteration % c.eval.every == 0):
-                evaluation = self.evaluate()
-                self._log(evaluation, "eval")
-                accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed only
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
-            else:
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
-            self._write_files()
+            due = last or bool(c.eval.every and self.iteration % c.eval.every == 0)
+            evaluation = self.evaluate() if due and evaluates else None
+            if main:
+                self._log(row, "train")
+                if evaluation is not None:
+                    self._log(evaluation, "eval")
+                    accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed
+                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
+                else:
+                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
+                self._write_files()
             if last or self.iteration == until or self.iteration % c.checkpoint_every == 0:
-                self.run.save_checkpoint(self.iteration, self._state())
+                state = self._state()  # on every rank: gathering FSDP2 shards is a collective
+                if main:
+                    self.run.save_checkpoint(self.iteration, state)
             bar.update(1)
         bar.close()
         return self.evaluations

@@ -23,8 +23,9 @@ from vgrpo_lib.losses import VGRPOLoss
 class VGRPO(Algorithm):
     name = "vgrpo"
 
-    def __init__(self, config, policy, sample_shape, reference):
-        super().__init__(config, policy, sample_shape, reference)
+    def __init__(self, config, policies, sample_shape, grid):
+        super().__init__(config, policies, sample_shape, grid)
+        policy, reference = self.policy, self.reference
         c = config.vgrpo
         if c.kl_coef is not None and self.single_step:
             raise ValueError(

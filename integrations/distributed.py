@@ -30,10 +30,13 @@ Exceptions to "equals the 1-process run": Flow-GRPO's per-step SDE noise is draw
 ``optim.minibatch_size`` set, each rank takes local minibatches of ``minibatch_size / W`` rows of its
 own block, so a global minibatch is W local random subsets rather than one random subset of the batch.
 
-FSDP2: ``wrap_model(model, "fsdp2")`` applies ``torch.distributed.fsdp.fully_shard`` (parameters become
-sharded DTensors); it works on CPU with gloo in torch 2.13 (gradients equal the averaged full ones, see
-tests/integrations/test_distributed.py). The trainer itself uses DDP: FSDP2 there would also need
-full-state-dict checkpoints and sharded copies of DiffusionNFT's old policy and the reference policy.
+FSDP2 (``distributed.strategy=fsdp2``, for models that do not fit once per GPU): ``fully_shard`` on every
+block of the trained policy (each item of its ``nn.ModuleList`` s, e.g. the transformer blocks) and then on
+the whole model; the frozen copies the algorithms keep (a reference policy, DiffusionNFT's old policy) are
+sharded the same way (:func:`shard_frozen`). Gradients are reduce-scattered as averages, exactly as DDP
+all-reduces them, so the run is the same run. Checkpoints hold FULL state dicts gathered on rank 0
+(:func:`model_state_dict`, :func:`optimizer_state_dict`), so a run can be resumed with either strategy
+and any number of processes. Works on CPU with gloo (tests/integrations/test_distributed.py).
 """
 
 from __future__ import annotations
@@ -164,6 +167,32 @@ def all_reduce_metrics(values: torch.Tensor, names: Sequence[str]) -> torch.Tens
     return torch.where(is_min, low, torch.where(is_max, high, total / world_size()))
 
 
+def _check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}.")
+
+
+def _fully_shard(model: nn.Module) -> nn.Module:
+    """FSDP2 in place: each block (every item of every ``nn.ModuleList``, outermost lists first) is its own
+    unit, so only one block's full parameters exist at a time; the rest of the model is the root unit."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = [block for module in model.modules() if isinstance(module, nn.ModuleList) for block in module]
+    covered: set[int] = set()  # modules inside a unit already made
+    for block in blocks:
+        if id(block) not in covered and any(True for _ in block.parameters()):
+            fully_shard(block)
+            covered.update(id(sub) for sub in block.modules())
+    return fully_shard(model)
+
+
+def is_sharded(model) -> bool:
+    """Whether ``model`` is an FSDP2 module (its parameters are sharded DTensors)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def wrap_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
     """Make ``model``'s backward average gradients over ranks.
 
@@ -171,17 +200,15 @@ def wrap_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
     the wrapped module's own parameters, state dict and optimizer stay as they are, see :func:`unwrap`).
     Buffers are not re-broadcast before every forward: velocity models have no running statistics, and
     their constant buffers are loaded identically on every rank.
-    ``"fsdp2"``: ``fully_shard(model)`` in place (parameters become sharded DTensors; build the optimizer
-    afterwards). Without a process group the model is returned unchanged.
+    ``"fsdp2"``: ``fully_shard`` per block and on the whole model, in place (parameters become sharded
+    DTensors; build the optimizer afterwards; save with :func:`model_state_dict`).
+    Without a process group the model is returned unchanged.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}.")
+    _check_strategy(strategy)
     if world_size() == 1:
         return model
     if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        return fully_shard(model)
+        return _fully_shard(model)
     ddp = nn.parallel.DistributedDataParallel
     # torch >= 2.13 renames broadcast_buffers to forward_sync_buffers (and then still syncs buffers once at init).
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
@@ -194,6 +221,98 @@ def wrap_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DDP wrapper (any other module unchanged)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def shard_frozen(model, strategy: str):
+    """A frozen policy copy prepared for ``strategy``: sharded like the trained model under FSDP2 (so that a
+    large model is not held whole on every rank), unchanged under DDP, in one process, or when ``model`` is not
+    an ``nn.Module`` (e.g. an adapter view that shares the trained model's weights)."""
+    _check_strategy(strategy)
+    if strategy != "fsdp2" or world_size() == 1 or not isinstance(model, nn.Module):
+        return model
+    return _fully_shard(model)
+
+
+@contextlib.contextmanager
+def gradient_sync(model, enabled: bool) -> Iterator[None]:
+    """Inside the block, backward passes synchronise gradients across ranks only when ``enabled`` (the last
+    micro-batch of an accumulated step); DDP's ``no_sync`` or FSDP2's ``set_requires_gradient_sync``."""
+    if enabled or world_size() == 1:
+        yield
+    elif is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state_dict(model: nn.Module) -> dict:
+    """``model``'s state dict with full (unsharded) tensors; for an FSDP2 model a collective (call it on every
+    rank): rank 0 receives the tensors on the CPU, the other ranks an empty dict."""
+    if not is_sharded(model):
+        return unwrap(model).state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options())
+
+
+def load_model_state_dict(model: nn.Module, state: dict) -> None:
+    """Load a full state dict (as :func:`model_state_dict` writes) into a plain, DDP or FSDP2 model; every rank
+    passes the full dict."""
+    if not is_sharded(model):
+        unwrap(model).load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state dict with full tensors (a collective for an FSDP2 ``model``, see
+    :func:`model_state_dict`)."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load :func:`optimizer_state_dict`'s output back (every rank passes the full dict)."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def local_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """``model``'s parameters as stored: for an FSDP2 model its shards (a root unit keeps its parameters gathered
+    after a forward until told otherwise; it is resharded first), so that two identically sharded models can be
+    combined elementwise (an EMA update)."""
+    if is_sharded(model):
+        model.reshard()
+    return list(unwrap(model).parameters())
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (e.g. a gradient norm computed over sharded gradients); other tensors as they are."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 @dataclass(frozen=True)

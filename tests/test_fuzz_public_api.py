@@ -926,7 +926,10 @@ INT_RULES = {  # key -> out-of-range values
     "optim.max_nonfinite_steps": ["0"], "vgrpo.num_pairs": ["0", "-4"], "vgrpo.chunk_size": ["0"],
     "flow_grpo.window_size": ["0", "1000"], "flow_grpo.window_shift_interval": ["0"], "diffusion_nft.num_pairs": ["0"],
     "eval.every": ["-1"], "eval.per_prompt": ["0"], "eval.num_steps": ["0"],
+    "model.lora_rank": ["0"], "model.lora_alpha": ["-8"], "model.max_sequence_length": ["0"], "model.batch_size": ["0"],
 }
+STR_RULES = {"model.image_size": ["100", "0", "512x", "16x-16", "axb", "1x2x3"]}  # key -> malformed values
+RULES = {**FLOAT_RULES, **INT_RULES, **STR_RULES}
 
 
 def _field_kind(key: str):
@@ -948,8 +951,8 @@ def test_fuzz_config_overrides(data):
     key = draw(st.sampled_from(keys))
     value, annotation = _field_kind(key)
     base = "int" if annotation.startswith("int") else "float" if annotation.startswith("float") else "str" if annotation.startswith("str") else "bool"
-    if kind == "out_of_range" and key in {**FLOAT_RULES, **INT_RULES}:
-        text = draw(st.sampled_from({**FLOAT_RULES, **INT_RULES}[key]))
+    if kind == "out_of_range" and key in RULES:
+        text = draw(st.sampled_from(RULES[key]))
     elif kind == "non_finite" and base == "float":
         text = draw(st.sampled_from(["nan", "inf", "-inf", "NaN", "Infinity"]))
     elif kind == "wrong_type" and base in ("int", "float"):
@@ -967,7 +970,8 @@ def test_fuzz_config_overrides(data):
         expect_error(lambda: apply_overrides(TrainConfig(), [f"{bad_key}=1"]), ValueError, rf"Unknown config key '{re.escape(bad_key)}'")
         return
     elif kind == "unknown_section":
-        section = draw(st.text(string.ascii_lowercase, min_size=1, max_size=8).filter(lambda s: s not in {"rollout", "optim", "advantage", "vgrpo", "flow_grpo", "diffusion_nft", "eval"}))
+        section = draw(st.text(string.ascii_lowercase, min_size=1, max_size=8).filter(lambda s: s not in {"rollout", "optim", "advantage", "vgrpo", "flow_grpo", "diffusion_nft", "eval",
+                                                                              "model", "distributed"}))
         record("config", kind, len(section))
         expect_error(lambda: apply_overrides(TrainConfig(), [f"{section}.{key.rpartition('.')[2]}=1"]), ValueError, rf"Unknown config (section|key) '{re.escape(section)}")
         return

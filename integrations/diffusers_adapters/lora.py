@@ -21,6 +21,7 @@ after every call, so the trainable parameter set is the same before and after.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 
@@ -70,7 +71,9 @@ def add_behaviour_adapter(transformer: nn.Module, source: str = TRAINED_ADAPTER,
     re-activated here, so the trained policy stays the active one.
     """
     config = transformer.peft_config[source]
-    transformer.add_adapter(config.__class__(**config.to_dict()), adapter_name=name)
+    with warnings.catch_warnings():  # peft warns that the model now has several adapters: that is the point
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        transformer.add_adapter(config.__class__(**config.to_dict()), adapter_name=name)
     transformer.set_adapter(source)
     copy_adapter(transformer, source, name)
 
@@ -176,3 +179,38 @@ class AdapterView:
                 return self.model(x_t, t, cond)
         with adapter_active(self.model.transformer, self.adapter_name):
             return self.model(x_t, t, cond)
+
+
+class AdapterBehaviour(AdapterView):
+    """The behaviour policy as the second, frozen LoRA adapter ``"old"`` of the trained policy's transformer
+    (:class:`algorithms.policies.BehaviourPolicy`): DiffusionNFT's old policy without a second transformer.
+
+    Made as a copy of the trained adapter; ``update_(decay)`` is the soft update :func:`ema_adapter`; its state
+    dict holds the old adapter's LoRA weights only. Under FSDP2 the adapter is sharded with the transformer, so
+    ``shard`` has nothing to do.
+
+    Args:
+        model: the trained policy (a velocity adapter whose ``transformer`` carries the trained adapter).
+    """
+
+    def __init__(self, model: nn.Module):
+        add_behaviour_adapter(model.transformer)
+        super().__init__(model, BEHAVIOUR_ADAPTER)
+
+    def update_(self, decay: float) -> None:
+        ema_adapter(self.model.transformer, decay)
+
+    def shard(self, strategy: str) -> None:
+        """Nothing to do: the adapter lives (and is sharded) inside the trained model."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in lora_parameters(self.model.transformer, BEHAVIOUR_ADAPTER).items()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = lora_parameters(self.model.transformer, BEHAVIOUR_ADAPTER)
+        if state.keys() != params.keys():
+            missing, unexpected = sorted(params.keys() - state.keys()), sorted(state.keys() - params.keys())
+            raise KeyError(f"behaviour adapter state does not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        for name, param in params.items():
+            param.copy_(state[name])

@@ -8,8 +8,9 @@
     policy = task.load_policy()                                   # the transformer + a trainable LoRA adapter
     cond = task.condition(["a photo of a cat"] * 4)               # TensorDict[4] of prompt embeddings
 
-The trainer (``vgrpo train --preset sd3.5-medium``) builds the task through :func:`hub_task`, configured by
-environment variables (see ``ENVIRONMENT``); tests and scripts can build a :class:`DiffusersTask` directly.
+The trainer (``vgrpo train --preset sd3.5-medium model.prompts=prompts.txt``) builds the task through
+:func:`hub_task`, configured by the run config's ``model`` section (saved with the run, so ``--resume`` needs
+nothing else); tests and scripts can build a :class:`DiffusersTask` directly.
 
 Where the tensors live. The trainer keeps its batches on the CPU (the testbed never needed a device, and
 its replay buffer stores rows on the CPU). The policy (:class:`LoRAPolicy`) moves each call's inputs to the
@@ -26,14 +27,11 @@ switched off (:class:`integrations.diffusers_adapters.AdapterView`), not a copy.
 
 Known costs and differences (documented, not hidden):
 
-- DiffusionNFT's old policy is ``copy.deepcopy`` of the policy (algorithms/diffusion_nft.py), i.e. a
-  second transformer in GPU memory (+5 GB for SD3.5-M, +24 GB for FLUX.1-dev in bf16); its checkpointed
-  state is again only its LoRA weights.
-- Training rollouts use the algorithm's grid ``vgrpo_lib.samplers.time_grid(rollout.num_steps,
-  rollout.shift)``; evaluation uses the pipeline scheduler's own grid (``DiffusersPolicy.sigma_grid``).
-  FLUX's resolution-dependent grid equals ``time_grid`` with ``shift = exp(mu)`` (3.16 at 1024 px, 2.89 at
-  720 px); SD3's scheduler grid ends its uniform part at sigma 0.003 rather than 1/N before shifting, so
-  the last training step is a little coarser than the pipeline's.
+- The behaviour policy (DiffusionNFT's old policy) is a second, frozen LoRA adapter ``"old"`` of the same
+  transformer (:meth:`DiffusersTask.behaviour_policy`), so it costs the adapter's weights, not a second
+  transformer; its checkpointed state is its LoRA weights.
+- Training rollouts use the pipeline scheduler's own grid (:meth:`DiffusersTask.time_grid`, also used for
+  evaluation) unless ``rollout.shift`` is set, in which case ``vgrpo_lib.samplers.time_grid(num_steps, shift)``.
 - The prompt-embedding cache keeps up to ``cache_size`` distinct prompts on the CPU (SD3: 77 + 256 tokens
   x 4096 in bf16 = 2.7 MB per prompt; FLUX: 512 tokens = 4.2 MB), least recently used first out.
 """
@@ -54,12 +52,12 @@ from torch import nn
 from integrations.atomic import atomic_write
 
 from .flux import encode_prompts_flux
-from .lora import TRAINED_ADAPTER, AdapterView, add_lora, upcast_trainable_parameters
+from .lora import TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters
 from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy
 from .sd3 import encode_prompts_sd3
 from .velocity import FlowTransformerAdapter
 
-__all__ = ["ENVIRONMENT", "HUB_MODELS", "DiffusersTask", "HubModel", "LoRAPolicy", "TotalReward", "hub_task",
+__all__ = ["HUB_MODELS", "DiffusersTask", "HubModel", "LoRAPolicy", "TotalReward", "hub_task",
            "make_reward", "read_prompts"]
 
 
@@ -261,6 +259,15 @@ class DiffusersTask:
         """The pretrained model: ``policy`` with its adapters switched off for each call (no copy)."""
         return AdapterView(policy, None)
 
+    def behaviour_policy(self, policy: LoRAPolicy) -> AdapterBehaviour:
+        """A soft-updated old policy: a frozen second adapter of ``policy``'s transformer, starting as a copy of
+        the trained one (no second transformer)."""
+        return AdapterBehaviour(policy)
+
+    def time_grid(self, num_steps: int) -> list[float]:
+        """The pipeline scheduler's time grid at the training resolution (num_steps + 1 times, 1 -> 0)."""
+        return self.base.sigma_grid(num_steps, self.height, self.width)
+
     # -- sampling, decoding, rewards -------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -287,7 +294,7 @@ class DiffusersTask:
         from vgrpo_lib.samplers import sample_ode
 
         noise = torch.randn((len(prompts), *self.sample_shape), generator=generator)
-        grid = self.base.sigma_grid(num_steps, self.height, self.width)
+        grid = self.time_grid(num_steps)
         device, images = self.device, []
         for start in range(0, len(prompts), self.batch_size):
             chunk = list(prompts[start : start + self.batch_size])
@@ -351,23 +358,6 @@ HUB_MODELS = {
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
 }
 
-ENVIRONMENT = {
-    "VGRPO_MODEL_PATH": "local diffusers pipeline directory or hub id (default: the task's hub id, from the "
-                        "Hugging Face cache; nothing is downloaded)",
-    "VGRPO_PROMPTS": "training prompt file, one prompt per line (required)",
-    "VGRPO_EVAL_PROMPTS": "evaluation prompt file (default: the first 8 training prompts)",
-    "VGRPO_REWARD": "reward name or weighted spec 'pickscore:1,ocr:0.5' (default: pickscore)",
-    "VGRPO_IMAGE_SIZE": "image size in pixels, 'H' or 'HxW' (default: 512 SD3.5-M, 720 FLUX.1-dev)",
-    "VGRPO_LORA_RANK": "LoRA rank (default 32)",
-    "VGRPO_LORA_ALPHA": "LoRA alpha (default 64)",
-    "VGRPO_DEVICE": "device of the pipeline (default: this process's GPU, cuda:LOCAL_RANK; cpu without CUDA)",
-    "VGRPO_DTYPE": "storage dtype of the pretrained weights: bfloat16 (default) or float32",
-    "VGRPO_MAX_SEQUENCE_LENGTH": "T5 tokens per prompt (default: the pipeline's, 256 SD3 / 512 FLUX)",
-    "VGRPO_GRADIENT_CHECKPOINTING": "1/0 (default 1 on CUDA, 0 on CPU)",
-    "VGRPO_BATCH_SIZE": "samples per evaluation forward, VAE decode and text-encoder call (default 8)",
-}
-
-
 def weights_location(name_or_path: str) -> str | None:
     """A local directory holding the pipeline: ``name_or_path`` itself, or its Hugging Face cache snapshot; None
     when neither exists (no network access is attempted)."""
@@ -382,48 +372,48 @@ def weights_location(name_or_path: str) -> str | None:
     return path if (Path(path) / "model_index.json").is_file() else None
 
 
-def _image_size(text: str) -> int | tuple[int, int]:
-    if "x" in text:
-        height, width = text.lower().split("x")
-        return int(height), int(width)
-    return int(text)
+def hub_task(name: str, *, path: str | None = None, prompts: str | None = None, eval_prompts: str | None = None,
+             reward: str = "pickscore", image_size: int | tuple[int, int] | None = None, lora_rank: int = 32,
+             lora_alpha: int = 64, device: str | None = None, dtype: str = "bfloat16",
+             max_sequence_length: int | None = None, gradient_checkpointing: bool | None = None,
+             batch_size: int = 8) -> DiffusersTask:
+    """Build the task ``"sd3.5-medium"`` or ``"flux.1-dev"`` (the run config's ``model`` section, see
+    :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
 
+    ``path``: a local diffusers pipeline directory or hub id (default: the task's hub id, looked up in the Hugging
+    Face cache; nothing is downloaded). ``device``: default this process's GPU, the CPU without CUDA.
+    ``gradient_checkpointing``: default on with CUDA. ``image_size``: default 512 (SD3.5-M) / 720 (FLUX.1-dev).
+    The other arguments are :class:`DiffusersTask`'s.
 
-def hub_task(name: str, environ: Mapping[str, str] = os.environ) -> DiffusersTask:
-    """Build the task ``"sd3.5-medium"`` or ``"flux.1-dev"`` from the environment (see ``ENVIRONMENT``).
-
-    Raises ``RuntimeError`` saying the weights are not available when the pipeline is neither at
-    ``VGRPO_MODEL_PATH`` nor in the Hugging Face cache, or when diffusers is not installed.
+    Raises ``RuntimeError`` saying what is missing when the pipeline is neither at ``path`` nor in the Hugging
+    Face cache, or when no prompt file is given.
     """
     spec = HUB_MODELS[name]
-    source = environ.get("VGRPO_MODEL_PATH", spec.hub_id)
+    source = path or spec.hub_id
     location = weights_location(source)
     if location is None:
         raise RuntimeError(
             f"Task {name!r} trains {spec.hub_id}, whose weights are not available on this machine (looked for "
             f"{source!r} as a local directory and in the Hugging Face cache; no hub downloads at run time). "
-            f"Download them once (`hf download {spec.hub_id}`) or set VGRPO_MODEL_PATH to a local diffusers "
-            "pipeline directory."
+            f"Download them once (`hf download {spec.hub_id}`) or set model.path=<local diffusers pipeline directory>."
         )
-    if "VGRPO_PROMPTS" not in environ:
-        raise RuntimeError(f"Task {name!r} needs a prompt file: set VGRPO_PROMPTS (one prompt per line).")
+    if prompts is None:
+        raise RuntimeError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
     from .presets import load_policy
 
     cuda = torch.cuda.is_available()
-    device = torch.device(environ.get("VGRPO_DEVICE") or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
-    dtype = getattr(torch, environ.get("VGRPO_DTYPE", "bfloat16"))
-    base = load_policy(location, spec.family, device=device, dtype=dtype, lora_rank=None,
+    device = torch.device(device or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
+    base = load_policy(location, spec.family, device=device, dtype=getattr(torch, dtype), lora_rank=None,
                        autocast=device.type == "cuda", local_files_only=True)
-    max_len = environ.get("VGRPO_MAX_SEQUENCE_LENGTH")
     return DiffusersTask(
         base,
-        environ["VGRPO_PROMPTS"],
-        environ.get("VGRPO_REWARD", "pickscore"),
-        _image_size(environ.get("VGRPO_IMAGE_SIZE", str(spec.image_size))),
-        eval_prompts=environ.get("VGRPO_EVAL_PROMPTS"),
-        lora_rank=int(environ.get("VGRPO_LORA_RANK", 32)),
-        lora_alpha=int(environ.get("VGRPO_LORA_ALPHA", 64)),
-        max_sequence_length=None if max_len is None else int(max_len),
-        gradient_checkpointing=environ.get("VGRPO_GRADIENT_CHECKPOINTING", "1" if device.type == "cuda" else "0") == "1",
-        batch_size=int(environ.get("VGRPO_BATCH_SIZE", 8)),
+        prompts,
+        reward,
+        spec.image_size if image_size is None else image_size,
+        eval_prompts=eval_prompts,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        max_sequence_length=max_sequence_length,
+        gradient_checkpointing=device.type == "cuda" if gradient_checkpointing is None else gradient_checkpointing,
+        batch_size=batch_size,
     )

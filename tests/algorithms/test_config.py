@@ -58,3 +58,31 @@ def test_presets_apply_and_unknown_preset_is_refused():
     assert "task=sd3.5-medium" in preset_overrides("sd3.5-medium", "vgrpo")
     with pytest.raises(ValueError, match="Unknown preset 'sd4'"):
         preset_overrides("sd4", "vgrpo")
+
+
+def test_model_and_distributed_sections_round_trip_and_parse_image_sizes():
+    from algorithms.config import parse_image_size
+
+    config = apply_overrides(TrainConfig(), ["model.prompts=p.txt", "model.image_size=720x1280",
+                                             "model.gradient_checkpointing=false", "distributed.strategy=fsdp2"])
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config
+    assert (config.model.prompts, config.model.gradient_checkpointing, config.distributed.strategy) == ("p.txt", False, "fsdp2")
+    assert parse_image_size("512") == 512 and parse_image_size("720x1280") == (720, 1280)
+    assert parse_image_size("500") is None and parse_image_size("512x") is None and parse_image_size("-512") is None
+
+
+def test_rollout_grid_is_uniform_on_the_testbed_unless_shifted():
+    from algorithms.tasks import get_task, rollout_grid
+    from vgrpo_lib.samplers import time_grid
+
+    task = get_task("digit")
+    assert rollout_grid(task, TrainConfig().rollout) == time_grid(10)
+    shifted = apply_overrides(TrainConfig(), ["rollout.shift=3.0", "rollout.num_steps=4"]).rollout
+    assert rollout_grid(task, shifted) == time_grid(4, shift=3.0) != time_grid(4)
+
+    class OwnGrid:
+        def time_grid(self, num_steps):
+            return [1.0, 0.3, 0.0][: num_steps + 1]
+
+    assert rollout_grid(OwnGrid(), apply_overrides(TrainConfig(), ["rollout.num_steps=2"]).rollout) == [1.0, 0.3, 0.0]
+    assert rollout_grid(OwnGrid(), shifted) == time_grid(4, shift=3.0), "an explicit shift wins over the task's grid"

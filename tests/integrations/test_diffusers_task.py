@@ -1,5 +1,6 @@
 """The diffusers task end to end: a tiny random SD3 (and FLUX) pipeline saved to disk, loaded by name through
-``algorithms.tasks.load_task`` and trained by the real trainer with each algorithm on the CPU."""
+``algorithms.tasks.load_task`` (configured by the run config's ``model`` section) and trained by the real trainer
+with each algorithm on the CPU."""
 
 import pytest
 import torch
@@ -7,12 +8,14 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from algorithms.config import TrainConfig, apply_overrides  # noqa: E402
+from algorithms.config import ModelConfig, TrainConfig, apply_overrides  # noqa: E402
 from algorithms.run_dir import RunDir  # noqa: E402
 from algorithms.tasks import load_task  # noqa: E402
 from algorithms.trainer import Trainer  # noqa: E402
 from integrations.diffusers_adapters import SD3Velocity, load_policy  # noqa: E402
+from integrations.diffusers_adapters.lora import AdapterBehaviour, lora_parameters  # noqa: E402
 from integrations.diffusers_adapters.task import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
+from vgrpo_lib.samplers import time_grid  # noqa: E402
 from tests.integrations.tiny_pipelines import CLIP_LENGTH, IMAGE_SIZE, T5_LENGTH, save_tiny_flux, save_tiny_sd3  # noqa: E402
 
 PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
@@ -26,20 +29,21 @@ def pipelines(tmp_path_factory):
 
 
 @pytest.fixture
-def hub_env(pipelines, monkeypatch):
-    """``hub_env("sd3")``: the environment that makes ``load_task`` build the task from the tiny pipeline."""
+def hub_model(pipelines):
+    """``hub_model("sd3")``: the ``model.*`` overrides that make ``load_task`` build the task from the tiny pipeline."""
 
-    def set_env(family: str = "sd3"):
-        env = {
-            "VGRPO_MODEL_PATH": str(pipelines[family]), "VGRPO_PROMPTS": str(pipelines["prompts"]),
-            "VGRPO_REWARD": "jpeg_compressibility", "VGRPO_IMAGE_SIZE": str(IMAGE_SIZE), "VGRPO_LORA_RANK": "4",
-            "VGRPO_LORA_ALPHA": "8", "VGRPO_DTYPE": "float32", "VGRPO_MAX_SEQUENCE_LENGTH": str(T5_LENGTH),
-            "VGRPO_DEVICE": "cpu",
-        }
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
+    def overrides(family: str = "sd3") -> list[str]:
+        return [
+            f"model.path={pipelines[family]}", f"model.prompts={pipelines['prompts']}", "model.reward=jpeg_compressibility",
+            f"model.image_size={IMAGE_SIZE}", "model.lora_rank=4", "model.lora_alpha=8", "model.dtype=float32",
+            f"model.max_sequence_length={T5_LENGTH}", "model.device=cpu",
+        ]
 
-    return set_env
+    return overrides
+
+
+def model_config(overrides: list[str]) -> ModelConfig:
+    return apply_overrides(TrainConfig(), overrides).model
 
 
 def base_model(path) -> SD3Velocity:
@@ -68,9 +72,8 @@ ALGORITHMS = {
 }
 
 
-def test_load_task_builds_the_task_from_the_environment(hub_env, pipelines):
-    hub_env("sd3")
-    task = load_task("sd3.5-medium")
+def test_load_task_builds_the_task_from_the_model_config(hub_model, pipelines):
+    task = load_task("sd3.5-medium", model_config(hub_model("sd3")))
     assert isinstance(task, DiffusersTask) and task.sample_shape == (4, IMAGE_SIZE // 2, IMAGE_SIZE // 2)
     assert task.prompts == PROMPTS and task.eval_prompts(2) == [p for p in PROMPTS for _ in range(2)]
 
@@ -94,25 +97,57 @@ def test_load_task_builds_the_task_from_the_environment(hub_env, pipelines):
         task.load_policy()
 
 
-def test_load_task_says_what_is_missing(hub_env, monkeypatch, tmp_path):
-    hub_env("sd3")
-    monkeypatch.setenv("VGRPO_MODEL_PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(RuntimeError, match="weights are not available.*VGRPO_MODEL_PATH"):
-        load_task("sd3.5-medium")
-    hub_env("sd3")
-    monkeypatch.delenv("VGRPO_PROMPTS")
-    with pytest.raises(RuntimeError, match="VGRPO_PROMPTS"):
-        load_task("sd3.5-medium")
+def test_load_task_says_what_is_missing(hub_model, tmp_path):
+    with pytest.raises(RuntimeError, match="weights are not available.*model.path"):
+        load_task("sd3.5-medium", model_config([*hub_model("sd3"), f"model.path={tmp_path / 'nowhere'}"]))
+    with pytest.raises(RuntimeError, match="weights are not available"):
+        load_task("sd3.5-medium")  # the hub id, not in this machine's cache
+    with pytest.raises(RuntimeError, match="model.prompts"):
+        load_task("sd3.5-medium", model_config([*hub_model("sd3"), "model.prompts=none"]))
 
 
-def test_lora_state_dict_round_trip_is_strict_about_lora_keys(hub_env):
-    hub_env("sd3")
-    policy = load_task("sd3.5-medium").load_policy()
+def test_lora_state_dict_round_trip_is_strict_about_lora_keys(hub_model):
+    policy = load_task("sd3.5-medium", model_config(hub_model("sd3"))).load_policy()
     state = {k: torch.randn_like(v) for k, v in policy.state_dict().items()}
     policy.load_state_dict(state)
     assert all(torch.equal(policy.state_dict()[k], v) for k, v in state.items())
     with pytest.raises(RuntimeError, match="Missing key"):
         policy.load_state_dict(dict(list(state.items())[1:]))
+
+
+def test_rollout_grid_is_the_pipeline_schedulers_unless_a_shift_is_set(hub_model):
+    trainer = Trainer(config("vgrpo", *hub_model("sd3"), "rollout.num_steps=5"), "unused", progress=False)
+    task = trainer.task
+    assert trainer.algorithm.grid == task.base.sigma_grid(5, task.height, task.width) == task.time_grid(5)
+    assert trainer.algorithm.grid != time_grid(5, shift=3.0), "SD3's scheduler grid is not the plain shifted grid"
+    shifted = Trainer(config("vgrpo", *hub_model("sd3"), "rollout.num_steps=5", "rollout.shift=3.0"), "unused2",
+                      progress=False)
+    assert shifted.algorithm.grid == time_grid(5, shift=3.0)
+
+
+def test_diffusion_nft_old_policy_is_a_second_adapter_soft_updated(hub_model):
+    trainer = Trainer(config("diffusion_nft", *hub_model("sd3"), "diffusion_nft.decay_rate=0.25"), "unused",
+                      progress=False)
+    old, transformer = trainer.algorithm.old_policy, trainer.policy.transformer
+    assert isinstance(old, AdapterBehaviour) and set(transformer.peft_config) == {"default", "old"}
+    assert all(not p.requires_grad for p in lora_parameters(transformer, "old").values())
+
+    def adapter(name):
+        return {k: p.detach().clone() for k, p in lora_parameters(transformer, name).items()}
+
+    trainer.step()  # iteration 0: decay min(0.25 * 0, 0.5) = 0, a hard copy
+    assert all(torch.equal(adapter("old")[k], v) for k, v in adapter("default").items())
+    before = adapter("old")
+    trainer.step()  # iteration 1: decay 0.25
+    trained, after = adapter("default"), adapter("old")
+    assert any(not torch.equal(trained[k], before[k]) for k in trained), "the trained adapter moved"
+    for key in trained:
+        torch.testing.assert_close(after[key], 0.25 * before[key] + 0.75 * trained[key])
+    assert all(p.requires_grad for p in lora_parameters(transformer, "default").values())
+    state = old.state_dict()
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+    with pytest.raises(KeyError, match="behaviour adapter state does not match"):
+        old.load_state_dict(dict(list(state.items())[1:]))
 
 
 def test_weighted_reward_spec_trains_on_the_weighted_sum():
@@ -125,9 +160,8 @@ def test_weighted_reward_spec_trains_on_the_weighted_sum():
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
-def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo, hub_env, pipelines, tmp_path):
-    hub_env("sd3")
-    cfg = config(algo, *ALGORITHMS[algo])
+def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo, hub_model, pipelines, tmp_path):
+    cfg = config(algo, *ALGORITHMS[algo], *hub_model("sd3"))
     straight = Trainer(cfg, tmp_path / "straight", progress=False)
     straight.train()
 
@@ -158,8 +192,8 @@ def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo
         assert all("lora_" in k for k in state["algorithm"]["old_policy"]), "the old policy saves its LoRA only"
     assert (run.root / "samples_iter_000002.png").stat().st_size > 0 and (run.root / "reward.png").exists()
 
-    # Stop after one iteration, resume in a fresh trainer (a fresh pipeline from disk), finish: the same weights up
-    # to float summation order (Flow-GRPO differs in the last bit of a few weights).
+    # Stop after one iteration, resume in a fresh trainer (a fresh pipeline from disk, configured by the saved config
+    # alone), finish: the same weights up to float summation order (Flow-GRPO differs in the last bit of a few).
     Trainer(cfg, tmp_path / "cut", progress=False).train(until=1)
     resumed = Trainer.resume(tmp_path / "cut", progress=False)
     assert resumed.iteration == 1
@@ -169,9 +203,9 @@ def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo
         torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
 
 
-def test_flux_task_runs_a_vgrpo_iteration(hub_env):
-    hub_env("flux")
-    trainer = Trainer(config("vgrpo", "task=flux.1-dev", "iterations=1", "vgrpo.num_pairs=2"), "unused", progress=False)
+def test_flux_task_runs_a_vgrpo_iteration(hub_model):
+    overrides = [*hub_model("flux"), "task=flux.1-dev", "iterations=1", "vgrpo.num_pairs=2"]
+    trainer = Trainer(config("vgrpo", *overrides), "unused", progress=False)
     assert isinstance(trainer.task, DiffusersTask) and trainer.task.base.family == "flux"
     row = trainer.step()
     assert torch.isfinite(torch.tensor(row["loss_objective"])) and row["grad_steps"] == 1

@@ -1,7 +1,8 @@
 """Multi-process training on CPU: 2 gloo ranks (real spawned processes) against 1 process on the same global batch.
 
-The 2-rank runs must end with the 1-process run's weights within ``RTOL`` / ``ATOL`` (float32 summation order:
-each rank averages its own rows, then DDP averages the ranks) and log the same metrics rows. Every spawn
+The 2-rank runs (DDP, and FSDP2 with sharded reference / old policies and full-state-dict checkpoints) must end
+with the 1-process run's weights within ``RTOL`` / ``ATOL`` (float32 summation order: each rank averages its own
+rows, then DDP / FSDP2 average the ranks) and log the same metrics rows. Every spawn
 has a hard timeout. Until the shipped ``digits8_policy`` checkpoint exists, the runs use a small seeded
 ``VelocityMLP`` (with a random, not zero, output layer so that rewards and gradients are not trivial).
 """
@@ -43,8 +44,15 @@ RUNS = {  # name -> (algo, overrides); all full-batch except "vgrpo_minibatch"
     "diffusion_nft": ("diffusion_nft", []),
     "flow_grpo": ("flow_grpo", ["optim.minibatch_size=null"]),
     "vgrpo_minibatch": ("vgrpo", ["optim.minibatch_size=8", "optim.epochs=2"]),
+    "vgrpo_fsdp2": ("vgrpo", ["distributed.strategy=fsdp2"]),
+    # A sharded reference policy, and micro-batches (gradient sync on the last one only).
+    "vgrpo_fsdp2_ref_kl_micro": ("vgrpo", ["distributed.strategy=fsdp2", "vgrpo.ref_kl_coef=1.0",
+                                           "optim.micro_batch_size=4"]),
+    "diffusion_nft_fsdp2": ("diffusion_nft", ["distributed.strategy=fsdp2"]),  # a sharded old policy
 }
-EQUAL_TO_ONE_PROCESS = ("vgrpo", "vgrpo_epochs2_batch_pairs", "diffusion_nft")
+EQUAL_TO_ONE_PROCESS = ("vgrpo", "vgrpo_epochs2_batch_pairs", "diffusion_nft", "vgrpo_fsdp2", "vgrpo_fsdp2_ref_kl_micro",
+                        "diffusion_nft_fsdp2")
+FSDP2_RUNS = tuple(name for name, (_, overrides) in RUNS.items() if "distributed.strategy=fsdp2" in overrides)
 POLICY_CHECKPOINT = Path(__file__).parents[2] / "integrations/testbed/checkpoints/digits8_policy.safetensors"
 
 
@@ -186,15 +194,32 @@ def test_collectives_ddp_and_fsdp2_on_two_gloo_ranks():
 # -- the trainer: 2 ranks vs 1 process ---------------------------------------------------------------------
 
 
+def _full_weights(model: nn.Module) -> dict:
+    """Plain full tensors on every rank (FSDP2 parameters are DTensor shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not distributed.is_sharded(model):
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
 def _trainer_worker(rank: int, world_size: int, port: int, out: str) -> None:
     _join(rank, world_size, port)
     _use_test_policy()
     for name in RUNS:
         trainer = Trainer(_config(name), Path(out) / name, progress=False)
         evaluations = trainer.train()
-        result = {"policy": trainer.policy.state_dict(), "metrics": trainer.metrics, "evaluations": evaluations}
+        if name in FSDP2_RUNS:
+            assert distributed.is_sharded(trainer.policy), "the trained policy is sharded"
+        result = {"policy": _full_weights(trainer.policy), "metrics": trainer.metrics, "evaluations": evaluations}
         torch.save(result, Path(out) / f"{name}_rank{rank}.pt")
         del trainer  # its DDP wrapper must go before the process group (see distributed.shutdown)
+    # FSDP2 cut after one iteration and resumed from its full-state-dict checkpoint (optimizer and old policy too).
+    Trainer(_config("diffusion_nft_fsdp2"), Path(out) / "fsdp2_cut", progress=False).train(until=1)
+    resumed = Trainer.resume(Path(out) / "fsdp2_cut", progress=False)
+    resumed.train()
+    torch.save({"policy": _full_weights(resumed.policy), "metrics": resumed.metrics}, Path(out) / f"fsdp2_resumed_rank{rank}.pt")
+    del resumed
     try:
         Trainer(build_config("vgrpo", None, "testbed", TINY + ["prompts_per_iteration=3"]), Path(out) / "odd")
     except ValueError as error:
@@ -238,6 +263,19 @@ def test_two_ranks_equal_one_process(name, two_rank_runs, tmp_path, monkeypatch)
             for key in expected:
                 close = math.isclose(got[key], expected[key], rel_tol=METRICS_RTOL, abs_tol=METRICS_ATOL)
                 assert close, (key, got[key], expected[key])
+
+
+def test_fsdp2_resume_from_full_state_dict_checkpoint_is_exact(two_rank_runs):
+    straight = _load(two_rank_runs / "diffusion_nft_fsdp2_rank0.pt")
+    checkpoint = _load(two_rank_runs / "diffusion_nft_fsdp2" / "checkpoints" / "iter_000002.pt")
+    for key, value in straight["policy"].items():  # the checkpoint holds plain full tensors, not shards
+        assert type(checkpoint["policy"][key]) is torch.Tensor and torch.equal(checkpoint["policy"][key], value), key
+    assert set(checkpoint["algorithm"]["old_policy"]) == set(straight["policy"])
+    for rank in range(2):
+        resumed = _load(two_rank_runs / f"fsdp2_resumed_rank{rank}.pt")
+        for key, value in straight["policy"].items():
+            assert torch.equal(resumed["policy"][key], value), key
+        assert [_comparable(r) for r in resumed["metrics"]] == [_comparable(r) for r in straight["metrics"]]
 
 
 @pytest.mark.parametrize("name", ["flow_grpo", "vgrpo_minibatch"])

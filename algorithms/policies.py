@@ -1,0 +1,81 @@
+"""The versions of the policy an algorithm works with.
+
+    Policies(trained, reference=None, behaviour=None)
+
+- ``trained``: the policy being optimised (wrapped for multi-process training: DDP or FSDP2);
+- ``reference``: the frozen base policy, for KL terms (the task's ``reference_policy``: a copy on the testbed,
+  the same transformer with its LoRA adapters switched off for a diffusers task);
+- ``behaviour``: a frozen policy that trails the trained one by soft updates (DiffusionNFT's old policy), a
+  :class:`BehaviourPolicy`. Tasks may provide their own (``task.behaviour_policy(policy)``: a second LoRA
+  adapter in the same transformer for a diffusers task); otherwise it is a :class:`CopiedBehaviour`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
+from vgrpo_lib.control import ema_update_
+
+
+class BehaviourPolicy(Protocol):
+    """A frozen velocity model ``(x_t, t, cond) -> v`` that follows the trained policy by soft updates."""
+
+    def __call__(self, x_t: torch.Tensor, t: torch.Tensor, cond) -> torch.Tensor: ...
+
+    def update_(self, decay: float) -> None:
+        """``theta_old <- decay * theta_old + (1 - decay) * theta`` (``decay = 0``: a hard copy)."""
+
+    def shard(self, strategy: str) -> None:
+        """Prepare for multi-process training with ``strategy`` (after the trained policy is wrapped)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class CopiedBehaviour:
+    """A behaviour policy held as a frozen deep copy of the trained policy (made before it is wrapped).
+
+    Under FSDP2 the copy is sharded like the trained policy, so the soft update is a local operation on
+    matching shards and the state dict is gathered like the trained policy's.
+    """
+
+    def __init__(self, policy: nn.Module):
+        self.source = policy
+        self.model = copy.deepcopy(policy).requires_grad_(False)
+
+    def __call__(self, x_t: torch.Tensor, t: torch.Tensor, cond) -> torch.Tensor:
+        return self.model(x_t, t, cond)
+
+    def update_(self, decay: float) -> None:
+        ema_update_(local_parameters(self.model), local_parameters(self.source), decay)
+
+    def shard(self, strategy: str) -> None:
+        self.model = shard_frozen(self.model, strategy)
+
+    def state_dict(self) -> dict:
+        return model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict) -> None:
+        load_model_state_dict(self.model, state)
+
+
+def make_behaviour(task, policy: nn.Module) -> BehaviourPolicy:
+    """The task's own behaviour policy when it has one (``task.behaviour_policy``), else a copy."""
+    make = getattr(task, "behaviour_policy", None)
+    return make(policy) if make is not None else CopiedBehaviour(policy)
+
+
+@dataclass
+class Policies:
+    """What an :class:`algorithms.base.Algorithm` is built with (see the module doc)."""
+
+    trained: nn.Module
+    reference: object | None = None
+    behaviour: BehaviourPolicy | None = None
