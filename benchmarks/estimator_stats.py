@@ -61,12 +61,18 @@ def within_group_rank_agreement(draws: torch.Tensor, group: torch.Tensor) -> flo
 
 
 def gradient_agreement(gradients: torch.Tensor) -> dict[str, float]:
-    """From ``[R, P]`` flattened policy gradients of independent draws: mean pairwise cosine and the relative
-    variance ``mean_r ||g_r - g_mean||^2 / ||g_mean||^2``."""
+    """From ``[R, P]`` flattened policy gradients of independent draws: mean pairwise cosine, its jackknife
+    standard error over the R draws (the pairwise cosines share draws, so they are not independent), and the
+    relative variance ``mean_r ||g_r - g_mean||^2 / ||g_mean||^2``."""
     unit = gradients / gradients.norm(dim=1, keepdim=True).clamp_min(1e-30)
     cosine = unit @ unit.T
     r = gradients.shape[0]
-    mean_cosine = (cosine.sum() - cosine.diagonal().sum()) / (r * (r - 1))
+    off_diagonal = cosine.sum() - cosine.diagonal().sum()
+    mean_cosine = off_diagonal / (r * (r - 1))
+    # Leave draw k out: remove its row and column (its diagonal 1 is already out of off_diagonal).
+    leave_out = (off_diagonal - 2 * (cosine.sum(1) - cosine.diagonal())) / ((r - 1) * (r - 2))
+    cosine_se = ((r - 1) / r * (leave_out - leave_out.mean()).square().sum()).sqrt()
     mean = gradients.mean(0)
     relative = (gradients - mean).square().sum(1).mean() / mean.square().sum().clamp_min(1e-30)
-    return {"gradient_cosine": mean_cosine.item(), "gradient_relative_variance": relative.item()}
+    return {"gradient_cosine": mean_cosine.item(), "gradient_cosine_se": cosine_se.item(),
+            "gradient_relative_variance": relative.item()}

@@ -9,6 +9,9 @@ squared error is weighted (``weighting``). The same pairs must be used for the c
 policy (common random numbers): draw them once with :meth:`sample_pairs`, store them with the rollout and
 pass them to every evaluation.
 
+``noise="antithetic"`` (this library's own option, beyond the paper) draws the K noises as K/2 antithetic
+couples ``(eps, -eps)`` at a shared timestep, see :class:`ELBOSurrogate`.
+
 All K pairs of all B samples go through the model as ONE batch of ``B * K`` rows (split into chunks of at
 most ``chunk_size`` rows when memory asks for it), never a Python loop over pairs or samples.
 """
@@ -36,6 +39,7 @@ from vgrpo_lib.timesteps import TimestepSampler, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
 
 SHARING_SCOPES = ("none", "group", "batch")
+NOISE_SCHEMES = ("independent", "antithetic")
 
 VelocityModel = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
 
@@ -91,6 +95,20 @@ class ELBOSurrogate:
             :mod:`vgrpo_lib.weighting`.
         path: the forward process (``"rectified_flow"`` default).
         chunk_size: largest number of model rows per forward (``None``: all ``B * K`` at once).
+        noise: ``"independent"`` (K i.i.d. standard normal noises, the paper) or ``"antithetic"`` (ours): K/2
+            i.i.d. noises, each used twice, as ``eps`` and as ``-eps``, at one shared timestep; the K/2 timesteps
+            come from ``timesteps`` with K/2 pairs (so ``"stratified"`` gives K/2 strata, each holding one
+            couple) and every pair keeps the sampler's importance weight. Pairs ``2j`` and ``2j + 1`` are the
+            couple. Each noise is still standard normal, so the surrogate's expectation is unchanged (unbiased),
+            and the couple's mean ``(l(t, eps) + l(t, -eps)) / 2`` is the even part of the per-pair loss in
+            ``eps``: its odd part cancels exactly. At a fixed t the K-pair variance goes from
+            ``(V_even + V_odd) / K`` to ``2 V_even / K``, a gain when the odd part carries more variance than the
+            even part. That is the case the group-shared gradient sees: for a velocity error linear in ``eps``
+            with the same slope for the members of a group (a model locally linear in z), ``||M_t eps +
+            c_t(o)||^2``, the even term ``eps^T M_t^T M_t eps`` is common to the group and cancels against the
+            zero-sum advantages, and what is left, ``2 c_t(o)^T M_t eps``, is odd. The price is K/2 instead of K
+            distinct timesteps. Needs an even ``num_pairs``; the estimator lab (``vgrpo estimators``) measures
+            the gain at equal NFE.
 
     Example:
         >>> est = ELBOSurrogate(num_pairs=4)
@@ -108,6 +126,7 @@ class ELBOSurrogate:
         weighting: str | Callable[..., torch.Tensor] = "adaptive_x",
         path: str | Path = "rectified_flow",
         chunk_size: int | None = None,
+        noise: str = "independent",
     ):
         self.num_pairs = check_positive_int("num_pairs", num_pairs)
         self.timesteps = make_timestep_sampler(timesteps)
@@ -115,12 +134,19 @@ class ELBOSurrogate:
         self.weighting = make_weighting(weighting)
         self.path = make_path(path)
         self.chunk_size = None if chunk_size is None else check_positive_int("chunk_size", chunk_size)
+        self.noise = choose("noise", noise, NOISE_SCHEMES)
+        if self.noise == "antithetic" and self.num_pairs % 2:
+            raise ValueError(
+                f'noise="antithetic" draws the pairs as couples (eps, -eps), so num_pairs must be even, '
+                f"got {num_pairs}."
+            )
 
     def __repr__(self):
         weighting = getattr(self.weighting, "__name__", repr(self.weighting))
         return (
             f"ELBOSurrogate(num_pairs={self.num_pairs}, timesteps={self.timesteps!r}, sharing={self.sharing!r}, "
-            f"weighting={weighting}, path={self.path.name!r}, chunk_size={self.chunk_size})"
+            f"weighting={weighting}, path={self.path.name!r}, chunk_size={self.chunk_size}, "
+            f"noise={self.noise!r})"
         )
 
     def sample_pairs(
@@ -139,7 +165,8 @@ class ELBOSurrogate:
         Returns:
             TensorDict with batch size ``(B, K)``: ``"t"`` ``(B, K)`` and ``"noise"`` ``(B, K, *D)``. Under
             ``"group"`` sharing the members of a group get identical pairs (an index of one draw per group),
-            under ``"batch"`` every sample gets the same pairs.
+            under ``"batch"`` every sample gets the same pairs. Under ``noise="antithetic"``
+            ``noise[:, 2j + 1] = -noise[:, 2j]`` and ``t[:, 2j + 1] = t[:, 2j]``.
         """
         check_tensor("sample", sample)
         if sample.ndim < 2:
@@ -158,8 +185,13 @@ class ELBOSurrogate:
         else:
             index, num_sets = None, batch
         options = dict(generator=generator, device=sample.device, dtype=sample.dtype)
-        t = self.timesteps(num_sets, k, **options)
-        noise = torch.randn((num_sets, k, *data_shape), **options)
+        antithetic = self.noise == "antithetic"
+        draws = k // 2 if antithetic else k
+        t = self.timesteps(num_sets, draws, **options)
+        noise = torch.randn((num_sets, draws, *data_shape), **options)
+        if antithetic:
+            t = t.repeat_interleave(2, dim=1)
+            noise = torch.stack([noise, -noise], dim=2).flatten(1, 2)
         if index is not None:
             t, noise = t[index], noise[index]
         pairs = TensorDict({"t": t, "noise": noise}, batch_size=[batch, k], device=sample.device)

@@ -52,11 +52,27 @@ def test_spearman_closed_forms():
 
 def test_gradient_agreement_closed_forms():
     identical = gradient_agreement(torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]))
-    assert identical == {"gradient_cosine": pytest.approx(1.0), "gradient_relative_variance": pytest.approx(0.0)}
+    assert identical == {"gradient_cosine": pytest.approx(1.0), "gradient_cosine_se": pytest.approx(0.0),
+                         "gradient_relative_variance": pytest.approx(0.0)}
     orthogonal = gradient_agreement(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
     # mean (0.5, 0.5): each draw is sqrt(0.5) away, relative variance 0.5 / 0.5 = 1.
     assert orthogonal["gradient_cosine"] == pytest.approx(0.0)
     assert orthogonal["gradient_relative_variance"] == pytest.approx(1.0)
+
+
+def test_gradient_cosine_standard_error_is_the_jackknife():
+    """The jackknife SE against a brute-force leave-one-out, and its size on i.i.d. noise: for R = 40 draws of
+    m + N(0, I) in P = 50 dimensions with ||m||^2 = 50 the pairwise cosine is about 0.5, and the SE shrinks like
+    1 / sqrt(R) (between 0.005 and 0.05 here)."""
+    generator = torch.Generator().manual_seed(0)
+    gradients = torch.ones(50, dtype=torch.float64) + torch.randn(40, 50, generator=generator, dtype=torch.float64)
+    stats = gradient_agreement(gradients)
+    leave_out = torch.tensor([gradient_agreement(torch.cat([gradients[:k], gradients[k + 1:]]))["gradient_cosine"]
+                              for k in range(40)], dtype=torch.float64)
+    expected = (39 / 40 * (leave_out - leave_out.mean()).square().sum()).sqrt().item()
+    assert stats["gradient_cosine_se"] == pytest.approx(expected, rel=1e-9)
+    assert stats["gradient_cosine"] == pytest.approx(0.5, abs=0.05)
+    assert 0.005 < stats["gradient_cosine_se"] < 0.05
 
 
 def test_time_to_target_uses_the_smoothed_reward():
