@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from integrations.distributed import STRATEGIES
 from vgrpo_lib.advantages import SCALES
-from vgrpo_lib.elbo import SHARING_SCOPES
+from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
@@ -59,6 +59,8 @@ class VGRPOConfig:
     timesteps: str = "stratified"
     sharing: str = "group"  # none | group | batch
     weighting: str = "adaptive_x"  # eps | v | x | adaptive_x | elbo
+    # independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs even num_pairs)
+    noise: str = "independent"
     clip_low: float = 0.01
     clip_high: float = 0.01
     kl_coef: float | None = None  # x-space KL to the behaviour policy (paper: 0.3 where used)
@@ -201,6 +203,7 @@ OPTIONS = {
     "vgrpo.timesteps": tuple(TIMESTEP_SAMPLERS),
     "vgrpo.sharing": SHARING_SCOPES,
     "vgrpo.weighting": tuple(WEIGHTINGS),
+    "vgrpo.noise": NOISE_SCHEMES,
     "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
     "diffusion_nft.weighting": tuple(WEIGHTINGS),
     "distributed.strategy": STRATEGIES,
@@ -246,6 +249,8 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
     need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
+    if config.vgrpo.noise == "antithetic" and config.vgrpo.num_pairs % 2:
+        raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {config.vgrpo.num_pairs}.")
     need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
 
 

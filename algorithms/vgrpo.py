@@ -32,7 +32,7 @@ class VGRPO(Algorithm):
                 "vgrpo.kl_coef (KL to the behaviour policy) is inert with one gradient step per rollout; "
                 "use optim.epochs > 1 or a minibatch_size, or vgrpo.ref_kl_coef for a KL to the base policy."
             )
-        self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size)
+        self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size, noise=c.noise)
         self.loss_module = VGRPOLoss(
             policy,
             self.estimator,

@@ -39,6 +39,7 @@ PAPER_SET = {
     "k8": ["vgrpo.num_pairs=8"],
     "weighting_eps": ["vgrpo.weighting=eps"],
     "weighting_x": ["vgrpo.weighting=x"],
+    "antithetic (ours)": ["vgrpo.noise=antithetic"],
     "ratio_clip_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.clip_low=0.01",
                            "vgrpo.clip_high=0.01"],
     "kl_behaviour_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3"],

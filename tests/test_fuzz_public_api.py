@@ -49,7 +49,7 @@ from vgrpo_lib import (
 )
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.control import AdaptiveKLController, Cosine, Linear, OldPolicyDecay, SDEWindow, ema_update_
-from vgrpo_lib.elbo import SHARING_SCOPES
+from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.objectives import KL_ESTIMATORS, gaussian_kl_same_std, kl_estimate, soft_clip, x_space_kl
 from vgrpo_lib.paths import PATHS
 from vgrpo_lib.samplers import ODE_SOLVERS
@@ -337,6 +337,7 @@ ESTIMATOR_OPTIONS = {
     "weighting": tuple(WEIGHTINGS),
     "timesteps": tuple(TIMESTEP_SAMPLERS),
     "path": tuple(PATHS),
+    "noise": NOISE_SCHEMES,
 }
 
 
@@ -447,7 +448,7 @@ def test_fuzz_elbo_surrogate(data):
         cond = torch.randn(batch + draw(st.sampled_from([-1, 1, 2])), max(cond_dim, 1))
         pattern = rf"cond must have batch size {batch}"
     elif kind == "model_shape":
-        call_model = lambda z, t, c: z[:, :1] if z.shape[1] > 1 else z.repeat(1, 2)  # noqa: E731
+        call_model = lambda z, t, c: z[:, :1] if z.shape[1] > 1 else torch.cat([z, z], dim=1)  # noqa: E731
         pattern = r"The model returned shape"
 
     record("elbo", *sig)

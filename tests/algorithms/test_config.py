@@ -86,3 +86,9 @@ def test_rollout_grid_is_uniform_on_the_testbed_unless_shifted():
 
     assert rollout_grid(OwnGrid(), apply_overrides(TrainConfig(), ["rollout.num_steps=2"]).rollout) == [1.0, 0.3, 0.0]
     assert rollout_grid(OwnGrid(), shifted) == time_grid(4, shift=3.0), "an explicit shift wins over the task's grid"
+
+
+def test_antithetic_noise_needs_an_even_number_of_pairs():
+    assert apply_overrides(TrainConfig(), ["vgrpo.noise=antithetic"]).vgrpo.noise == "antithetic"
+    with pytest.raises(ValueError, match="vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got 3"):
+        apply_overrides(TrainConfig(), ["vgrpo.noise=antithetic", "vgrpo.num_pairs=3"])

@@ -209,3 +209,35 @@ def test_flux_task_runs_a_vgrpo_iteration(hub_model):
     assert isinstance(trainer.task, DiffusersTask) and trainer.task.base.family == "flux"
     row = trainer.step()
     assert torch.isfinite(torch.tensor(row["loss_objective"])) and row["grad_steps"] == 1
+
+
+def _fsdp2_lora_worker(rank: int, world_size: int, port: int, overrides: list[str], out: str) -> None:
+    from integrations import distributed
+    from tests.integrations.test_distributed import _full_weights, _join
+
+    _join(rank, world_size, port)
+    trainer = Trainer(config("diffusion_nft", *overrides, "distributed.strategy=fsdp2"), f"{out}/run", progress=False)
+    trainer.train()
+    assert distributed.is_sharded(trainer.policy)
+    torch.save(_full_weights(trainer.policy), f"{out}/rank{rank}.pt")
+    del trainer
+    distributed.shutdown()
+
+
+def test_fsdp2_on_two_ranks_shards_the_lora_transformer_and_equals_one_process(hub_model, tmp_path):
+    """DiffusionNFT (trained adapter + the old-policy adapter + the adapters-off reference, all in one sharded
+    transformer) on 2 gloo ranks with FSDP2 equals the 1-process run on the same global batch."""
+    from tests.integrations.test_distributed import ATOL, RTOL, _spawn
+
+    overrides = [*hub_model("sd3"), *ALGORITHMS["diffusion_nft"]]
+    _spawn(_fsdp2_lora_worker, overrides, str(tmp_path))
+    single = Trainer(config("diffusion_nft", *overrides), tmp_path / "single", progress=False)
+    single.train()
+    expected = single.policy.state_dict()
+    assert set(expected) and all("lora_" in key and ".default." in key for key in expected)
+    assert any(value.abs().sum() > 0 for key, value in expected.items() if "lora_B" in key), "the adapter trained"
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert set(got) == set(expected), "the gathered state dict holds the trained LoRA weights only"
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, rtol=RTOL, atol=ATOL)
