@@ -91,16 +91,29 @@ def verdict(naive: dict, vgrpo: dict) -> str:
     return "keeps up"
 
 
-def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quick: bool = False, task: str = "digit") -> dict:
+def _selected(cells: dict[str, list[str]], names: list[str] | None) -> dict[str, list[str]]:
+    """The cells named in ``names`` (all of them for None); an unknown name is refused with the valid ones."""
+    if names is None:
+        return cells
+    unknown = [name for name in names if name not in cells]
+    if unknown:
+        raise ValueError(f"Unknown cell(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(map(repr, cells))}.")
+    return {name: cells[name] for name in names}
+
+
+def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quick: bool = False, task: str = "digit",
+                  cells: list[str] | None = None) -> dict:
+    """Run the ``paper`` set (on ``task``) or the ``regime`` map, or only the named ``cells`` of it."""
     out = Path(out)
     iterations = 20 if quick else 40
+    names = cells
     if which == "paper":
         cells = {name: run_cell(out, name, [f"task={task}", *overrides], seeds, iterations)
-                 for name, overrides in PAPER_SET.items()}
+                 for name, overrides in _selected(PAPER_SET, names).items()}
         report = {"set": "paper", "task": task, "seeds": seeds, "iterations": iterations, "cells": cells}
     elif which == "regime":
         cells = {}
-        for name, overrides in REGIME_CELLS.items():
+        for name, overrides in _selected(REGIME_CELLS, names).items():
             vgrpo = run_cell(out, f"{name}/vgrpo", overrides, seeds, iterations)
             naive = run_cell(out, f"{name}/naive", overrides + NAIVE, seeds, iterations)
             cells[name] = {"vgrpo": vgrpo, "naive": naive, "verdict": verdict(naive, vgrpo)}

@@ -35,7 +35,8 @@ def _estimators(args) -> int:
 def _ablations(args) -> int:
     from benchmarks.ablations import markdown, run_ablations
 
-    print(markdown(run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task)))
+    report = run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task, cells=args.cells)
+    print(markdown(report))
     return 0
 
 
@@ -59,6 +60,7 @@ def make_parser():
     ablations.add_argument("--task", choices=sorted(TASKS), default="digit", help="task of the paper set")
     ablations.add_argument("--seeds", type=int, default=2)
     ablations.add_argument("--quick", action="store_true")
+    ablations.add_argument("--cells", nargs="+", default=None, help="run only these cells of the set (names as listed)")
     ablations.add_argument("--out", required=True)
     ablations.set_defaults(handler=_ablations)
     return parser

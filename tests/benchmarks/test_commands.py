@@ -34,3 +34,18 @@ def test_estimator_lab_writes_statistics_and_ground_truth(tmp_path):
     assert written["estimators"]["vgrpo"]["within_group_cv"] * 1.5 < written["estimators"]["naive"]["within_group_cv"]
     assert set(report["ground_truth"]["estimators"]) == {"naive", "vgrpo"}
     assert (tmp_path / "estimators.png").stat().st_size > 0
+
+
+def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
+    import pytest
+
+    from benchmarks.ablations import run_ablations
+
+    report = run_ablations(tmp_path, which="paper", task="digits8", seeds=1, quick=True,
+                           cells=["vgrpo", "antithetic (ours)"])
+    assert list(report["cells"]) == ["vgrpo", "antithetic (ours)"] and report["task"] == "digits8"
+    assert report["cells"]["antithetic (ours)"]["overrides"][-1] == "vgrpo.noise=antithetic"
+    assert json.loads((tmp_path / "paper.json").read_text())["cells"].keys() == report["cells"].keys()
+    with pytest.raises(ValueError, match="Unknown cell.*'nonsense'.*expected some of.*'naive'"):
+        run_ablations(tmp_path / "bad", which="paper", cells=["nonsense"])
+    assert not (tmp_path / "bad").exists()
