@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -43,6 +44,11 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
     try:
         return load()
     except OSError as err:
+        if Path(name).is_dir():
+            raise MissingWeightsError(
+                f"{purpose} needs the pretrained weights in the local directory '{name}', which is incomplete or "
+                f"unreadable (is every component's folder there?). Underlying error: {type(err).__name__}: {err}"
+            ) from err
         mode = "offline (HF_HUB_OFFLINE=1)" if offline() else "without the files in the local Hugging Face cache"
         raise MissingWeightsError(
             f"{purpose} needs the pretrained weights of '{name}', which could not be loaded {mode}. "

@@ -13,6 +13,7 @@ from algorithms.run_dir import RunDir  # noqa: E402
 from algorithms.tasks import load_task  # noqa: E402
 from algorithms.trainer import Trainer  # noqa: E402
 from integrations.diffusers_adapters import SD3Velocity, load_policy  # noqa: E402
+from integrations.rewards.loading import MissingWeightsError  # noqa: E402
 from integrations.diffusers_adapters.lora import AdapterBehaviour, lora_parameters  # noqa: E402
 from integrations.diffusers_adapters.task import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
 from vgrpo_lib.samplers import time_grid  # noqa: E402
@@ -241,3 +242,24 @@ def test_fsdp2_on_two_ranks_shards_the_lora_transformer_and_equals_one_process(h
         assert set(got) == set(expected), "the gathered state dict holds the trained LoRA weights only"
         for key, value in expected.items():
             torch.testing.assert_close(got[key], value, rtol=RTOL, atol=ATOL)
+
+
+def test_hub_task_finds_the_preset_by_name_in_the_hugging_face_cache(hub_model, pipelines, tmp_path, monkeypatch):
+    """No model.path: the preset's hub id is resolved offline through a Hugging Face cache holding the pipeline
+    (the layout `hf download` leaves: models--org--name/refs/main -> snapshots/<commit>/)."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--stabilityai--stable-diffusion-3.5-medium"
+    shutil.copytree(pipelines["sd3"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    without_path = [item for item in hub_model("sd3") if not item.startswith("model.path=")]
+    task = load_task("sd3.5-medium", model_config(without_path))
+    assert isinstance(task, DiffusersTask) and task.sample_shape == (4, IMAGE_SIZE // 2, IMAGE_SIZE // 2)
+    shutil.rmtree(repo / "snapshots" / commit / "transformer")  # an incomplete snapshot fails loudly, not deep inside
+    with pytest.raises(MissingWeightsError, match="local directory .*snapshots.* is incomplete"):
+        load_task("sd3.5-medium", model_config(without_path))
