@@ -133,6 +133,9 @@ class TrainConfig:
     group_size: int = 16
     checkpoint_every: int = 10
     reward_retries: int = 2  # a reward function that raises is retried this many times, then the run fails
+    # float32 | bfloat16: model forwards of rollouts, old surrogates and losses under bf16 autocast (parameters,
+    # optimizer and the losses' arithmetic on the fp32 samples stay float32); evaluation always in float32
+    precision: str = "float32"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -158,6 +161,7 @@ class TrainConfig:
 
 
 ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft")
+PRECISIONS = ("float32", "bfloat16")
 
 
 def validate(config: TrainConfig) -> None:
@@ -207,6 +211,7 @@ OPTIONS = {
     "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
     "diffusion_nft.weighting": tuple(WEIGHTINGS),
     "distributed.strategy": STRATEGIES,
+    "precision": PRECISIONS,
     "model.dtype": ("bfloat16", "float16", "float32"),
 }
 

@@ -155,6 +155,11 @@ class Trainer:
 
     # -- one iteration -----------------------------------------------------------------------------------
 
+    def _autocast(self):
+        """bf16 autocast on the policy's device for ``precision=bfloat16`` (a no-op context for float32)."""
+        device_type = next(self.policy.parameters()).device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bfloat16")
+
     def _prompts(self):
         """This process's prompt groups (every rank draws the global prompts and keeps its block): the prompt of
         each sample, its conditioning and its group id."""
@@ -230,7 +235,8 @@ class Trainer:
         for index, micro in enumerate(micro_batches):
             share = micro.shape[0] / minibatch.shape[0]
             with gradient_sync(policy, enabled=index == len(micro_batches) - 1):
-                losses = self.algorithm.loss(micro, self.generator)
+                with self._autocast():
+                    losses = self.algorithm.loss(micro, self.generator)
                 (total_loss(losses) * share).backward()
             for key, value in losses.items():
                 value = value.detach()
@@ -249,7 +255,8 @@ class Trainer:
         clock = time.perf_counter
         start, cpu_start = clock(), time.process_time()
         prompts, cond, group = self._prompts()
-        batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
+        with self._autocast():
+            batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
         batch["reward"] = self._reward(self.task.decode(batch["sample"]), prompts)
         # The global batch's rewards on every rank (B floats): advantages and logged statistics are global.
@@ -258,7 +265,8 @@ class Trainer:
         advantage = self.advantage(reward, groups)
         batch["advantage"] = self.shard.local(advantage)
         rewarded = clock()
-        rows = self.algorithm.prepare(batch, self.generator)
+        with self._autocast():
+            rows = self.algorithm.prepare(batch, self.generator)
         prepared = clock()
         losses = self._update(rows)
         self.algorithm.after_iteration(self.iteration)

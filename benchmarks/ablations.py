@@ -8,7 +8,8 @@ so estimator effects are not masked), repeated over seeds. Two sets:
   steps per rollout vs KL to the behaviour policy).
 - ``regime``: where estimator variance starts to matter: naive vs V-GRPO across tasks (``digit`` vs ``pair``:
   dimension and composition; ``style``: a weak, preference-like reward), group size, K, learning rate and
-  gradient steps per rollout. (bf16 autocast is left out: on CPU it is emulated and too slow to be informative.)
+  gradient steps per rollout, and bf16 autocast (``precision=bfloat16``; without bf16 hardware the CPU emulates
+  it, about 15x slower, so the cell is slow but its numbers are what bf16 arithmetic gives).
 
 A cell's verdict compares its naive run with its V-GRPO run at the same settings: ``lags`` when the naive
 final reward is lower by more than ``MARGIN`` (in units of the V-GRPO reward gain over the base policy),
@@ -60,6 +61,7 @@ REGIME_CELLS = {
     "digit_lr1e-3": ["task=digit", "optim.lr=1e-3"],
     "digit_4_steps": ["task=digit", "optim.minibatch_size=32", "advantage.soft_clip=none"],
     "digit_4_steps_lr1e-4": ["task=digit", "optim.minibatch_size=32", "advantage.soft_clip=none", "optim.lr=1e-4"],
+    "digit_bf16": ["task=digit", "precision=bfloat16"],
 }
 
 

@@ -189,3 +189,21 @@ def test_micro_batch_diagnostics_combine_by_share_and_extremes(tiny_config, tmp_
     combined = trainer._accumulate_gradients(TensorDict({"x": torch.zeros(16)}, [16]))
     assert combined["loss_objective"].item() == pytest.approx((5 * 5 * 3 + 1 * 1) / 16)  # share-weighted mean
     assert (combined["ratio_min"].item(), combined["ratio_max"].item()) == (1.0, 5.0)
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_bfloat16_precision_runs_the_model_under_autocast_and_keeps_float32_state(algo, tiny_config, tmp_path):
+    dtypes = []
+    trainer = Trainer(tiny_config(algo, "precision=bfloat16", "iterations=1"), tmp_path / "bf16", progress=False)
+    linear = next(m for m in trainer.policy.modules() if isinstance(m, torch.nn.Linear))
+    handle = linear.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    trainer.train()
+    handle.remove()
+    # Training forwards (rollout, old surrogates, losses) run in bf16; evaluation (the last forwards) in float32.
+    assert dtypes[0] == torch.float32, "the initial evaluation"
+    assert torch.bfloat16 in dtypes and dtypes[-1] == torch.float32
+    assert all(p.dtype == torch.float32 for p in trainer.policy.parameters())
+    assert np.isfinite(trainer.metrics[-1]["loss_objective"])
+    reference = Trainer(tiny_config(algo, "iterations=1"), tmp_path / "fp32", progress=False)
+    reference.train()
+    assert any(not torch.equal(a, b) for a, b in zip(trainer.policy.parameters(), reference.policy.parameters()))
