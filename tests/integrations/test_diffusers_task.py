@@ -203,6 +203,18 @@ def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo
     for key, value in policy.state_dict().items():
         torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
 
+    if algo == "vgrpo":  # `vgrpo sample` on a hub-model run: the trained LoRA policy, prompts saved as strings
+        import numpy as np
+
+        from algorithms.cli import main as cli_main
+
+        out = tmp_path / "samples.npz"
+        argv = ["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "2", "--seed", "0", "--steps", "2"]
+        assert cli_main([*argv, "--out", str(out)]) == 0
+        data = np.load(out)
+        assert data["images"].shape == (8, 3, IMAGE_SIZE, IMAGE_SIZE)
+        assert data["prompts"].tolist() == [p for p in PROMPTS for _ in range(2)]
+
 
 def test_flux_task_runs_a_vgrpo_iteration(hub_model):
     overrides = [*hub_model("flux"), "task=flux.1-dev", "iterations=1", "vgrpo.num_pairs=2"]
