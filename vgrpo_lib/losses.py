@@ -17,7 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
 from vgrpo_lib._checks import check_key, check_non_negative, check_positive, check_real, choose
-from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
     clip_fraction,
     clipped_ratio_objective,
@@ -298,7 +298,8 @@ class DiffusionNFTLoss(_PolicyLoss):
     after each iteration (see :func:`vgrpo_lib.control.ema_update_`).
 
     Args:
-        model, old_model: the trained and the behaviour (old) velocity models.
+        model, old_model: the trained velocity model and the behaviour (old) one (any frozen callable
+            ``(x_t, t, cond) -> v``: a module, or a view of a second LoRA adapter of the same model).
         estimator: noising and weighting; its pairs (fresh each step, ``sharing="none"``) are in the batch.
         strength: ``b``, the implicit-policy mixing strength (1.0 GenEval, 0.1 OCR / multi-reward).
         adv_max: ``Amax`` (5).
@@ -319,7 +320,7 @@ class DiffusionNFTLoss(_PolicyLoss):
     def __init__(
         self,
         model: torch.nn.Module,
-        old_model: torch.nn.Module,
+        old_model: VelocityModel,
         estimator: ELBOSurrogate,
         *,
         strength: float = 1.0,
