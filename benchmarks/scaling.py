@@ -10,7 +10,8 @@ The task's shipped base policy is used when its checkpoint exists; otherwise a s
 ``VelocityMLP`` of the same default architecture stands in (the cost of an iteration does not depend on the
 weights), and the JSON says so.
 
-    python -m benchmarks.scaling [--task digit] [--algo vgrpo] [--processes 1 2] [--iterations 5] [key=value ...]
+    python -m benchmarks.scaling [--task digit] [--algo vgrpo] [--processes 1 2] [--iterations 5] [--out FILE]
+                                 [key=value ...]       (e.g. distributed.strategy=fsdp2)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from algorithms.cli import build_config
+from algorithms.run_dir import atomic_write_text
 from algorithms.trainer import Trainer
 from integrations.distributed import shutdown
 from integrations.testbed.checkpoints import CHECKPOINT_DIR
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--algo", default="vgrpo")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--iterations", type=int, default=5, help=f"timed iterations (after {WARMUP} warm-up)")
+    parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     parser.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. prompts_per_iteration=8")
     args = parser.parse_args(argv)
     config = build_config(args.algo, args.task, "testbed", args.overrides)
@@ -106,8 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds_per_iteration": {n: round(t["iteration_s"], 4) for n, t in timings.items()},
         "phases_s": {n: {k: round(v, 4) for k, v in t.items() if k != "iteration_s"} for n, t in timings.items()},
         "speedup": {n: round(single / t["iteration_s"], 3) for n, t in timings.items()},
+        "overrides": args.overrides,
     }
     print(json.dumps(result, indent=2))
+    if args.out:
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -49,3 +49,19 @@ def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
     with pytest.raises(ValueError, match="Unknown cell.*'nonsense'.*expected some of.*'naive'"):
         run_ablations(tmp_path / "bad", which="paper", cells=["nonsense"])
     assert not (tmp_path / "bad").exists()
+
+
+def test_scaling_times_one_and_two_processes(tmp_path):
+    """The gloo scaling check end to end at toy size (DDP and FSDP2): both process counts report every phase."""
+    from benchmarks.scaling import main as scaling
+
+    tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4"]
+    for strategy in ("ddp", "fsdp2"):
+        out = tmp_path / f"{strategy}.json"
+        scaling(["--task", "digits8", "--processes", "1", "2", "--iterations", "1", "--out", str(out), *tiny,
+                 f"distributed.strategy={strategy}"])
+        result = json.loads(out.read_text())
+        assert set(result["seconds_per_iteration"]) == {"1", "2"} and result["speedup"]["1"] == 1.0
+        assert all(value > 0 for value in result["seconds_per_iteration"].values())
+        assert {"rollout_s", "reward_s", "update_s"} <= set(result["phases_s"]["2"])
+        assert result["global_batch"] == 16 and result["overrides"][-1] == f"distributed.strategy={strategy}"
