@@ -35,8 +35,8 @@ block of the trained policy (each item of its ``nn.ModuleList`` s, e.g. the tran
 the whole model; the frozen copies the algorithms keep (a reference policy, DiffusionNFT's old policy) are
 sharded the same way (:func:`shard_frozen`). Gradients are reduce-scattered as averages, exactly as DDP
 all-reduces them, so the run is the same run. Checkpoints hold FULL state dicts gathered on rank 0
-(:func:`model_state_dict`, :func:`optimizer_state_dict`), so a run can be resumed with either strategy
-and any number of processes. Works on CPU with gloo (tests/integrations/test_distributed.py).
+(:func:`model_state_dict`, :func:`optimizer_state_dict`): the same format as a DDP or single-process
+run's. Works on CPU with gloo (tests/integrations/test_distributed.py).
 """
 
 from __future__ import annotations
