@@ -25,18 +25,17 @@ class DiffusionNFT(Algorithm):
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
         c = config.diffusion_nft
-        policy, reference, self.old_policy = self.policy, self.reference, self.behaviour
         self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)
         self.num_pairs = c.num_pairs or config.rollout.num_steps
         training_times = DiscreteGrid(self.grid[:-1], stratified=True)
         self.estimator = ELBOSurrogate(self.num_pairs, training_times, sharing="none", weighting=c.weighting)
         self.loss_module = DiffusionNFTLoss(
-            policy,
-            self.old_policy,
+            self.policy,
+            self.behaviour,
             self.estimator,
             strength=c.strength,
             adv_max=c.adv_max,
-            ref_model=reference if c.kl_coef is not None else None,
+            ref_model=self.reference if c.kl_coef is not None else None,
             kl_coef=c.kl_coef,
         )
 
@@ -49,7 +48,7 @@ class DiffusionNFT(Algorithm):
         return True
 
     def rollout_model(self):
-        return self.old_policy
+        return self.behaviour
 
     def loss(self, minibatch, generator):
         # Pairs for the global minibatch on every process, block kept.
@@ -58,14 +57,14 @@ class DiffusionNFT(Algorithm):
         return self.loss_module(minibatch)
 
     def after_iteration(self, iteration: int) -> None:
-        self.old_policy.update_(self.decay(iteration))
+        self.behaviour.update_(self.decay(iteration))
 
     def nfe(self) -> dict[str, int]:
         per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)
         return {**super().nfe(), "update": per_epoch * self.config.optim.epochs}
 
     def state_dict(self) -> dict:
-        return {"old_policy": self.old_policy.state_dict()}
+        return {"old_policy": self.behaviour.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.old_policy.load_state_dict(state["old_policy"])
+        self.behaviour.load_state_dict(state["old_policy"])

@@ -24,7 +24,6 @@ class FlowGRPO(Algorithm):
 
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
-        policy, reference = self.policy, self.reference
         c = config.flow_grpo
         self.window = (
             None
@@ -32,12 +31,12 @@ class FlowGRPO(Algorithm):
             else SDEWindow(config.rollout.num_steps, c.window_size, shift_interval=c.window_shift_interval)
         )
         self.loss_module = FlowGRPOLoss(
-            policy,
+            self.policy,
             clip_epsilon=c.clip_epsilon,
             noise_level=c.noise_level,
             log_prob_reduction=c.log_prob_reduction,
             adv_clip=c.adv_clip,
-            ref_model=reference if c.kl_coef is not None else None,
+            ref_model=self.reference if c.kl_coef is not None else None,
             kl_coef=c.kl_coef,
         )
 

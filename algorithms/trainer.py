@@ -40,6 +40,7 @@ from integrations.distributed import (
     is_sharded,
     load_model_state_dict,
     load_optimizer_state_dict,
+    metric_extreme,
     model_state_dict,
     optimizer_state_dict,
     shard_frozen,
@@ -99,6 +100,7 @@ class Trainer:
         policies = Policies(wrap_model(self.policy, strategy), shard_frozen(reference, strategy), behaviour)
         if behaviour is not None:
             behaviour.shard(strategy)
+        self.device_type = next(self.policy.parameters()).device.type  # where the policy computes (autocast)
         grid = rollout_grid(self.task, config.rollout)
         self.algorithm = algorithm_class(config, policies, self.task.sample_shape, grid)
         self.algorithm.shard = self.shard
@@ -157,8 +159,7 @@ class Trainer:
 
     def _autocast(self):
         """bf16 autocast on the policy's device for ``precision=bfloat16`` (a no-op context for float32)."""
-        device_type = next(self.policy.parameters()).device.type
-        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bfloat16")
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bfloat16")
 
     def _prompts(self):
         """This process's prompt groups (every rank draws the global prompts and keeps its block): the prompt of
@@ -239,13 +240,11 @@ class Trainer:
                     losses = self.algorithm.loss(micro, self.generator)
                 (total_loss(losses) * share).backward()
             for key, value in losses.items():
-                value = value.detach()
+                value, extreme = value.detach(), metric_extreme(key)
                 if key not in combined:
-                    combined[key] = value if key.endswith(("_min", "_max")) else value * share
-                elif key.endswith("_min"):
-                    combined[key] = torch.minimum(combined[key], value)
-                elif key.endswith("_max"):
-                    combined[key] = torch.maximum(combined[key], value)
+                    combined[key] = value if extreme else value * share
+                elif extreme:
+                    combined[key] = (torch.minimum if extreme == "min" else torch.maximum)(combined[key], value)
                 else:
                     combined[key] = combined[key] + value * share
         return combined
@@ -302,14 +301,16 @@ class Trainer:
     # -- evaluation, logging, checkpoints ----------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training. Rank 0 records the
-        result and writes the sample grid; under FSDP2 every rank must call it (the sharded policy's forwards are
-        collectives) and computes the same images."""
+    def evaluate(self) -> dict | None:
+        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training, scored, recorded and
+        written as a sample grid by rank 0. Under FSDP2 every rank must call it (the sharded policy's forwards are
+        collectives); the other ranks only take part in the sampling and return None."""
         e = self.config.eval
         prompts = self.task.eval_prompts(e.per_prompt)
         generator = torch.Generator().manual_seed(e.seed)
         images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
+        if not self.shard.is_main:
+            return None
         result = self.task.evaluate(images, prompts)
         result.update(
             iteration=self.iteration,
@@ -318,9 +319,8 @@ class Trainer:
             nfe_cumulative=self.counters["nfe"],
             grad_steps=self.counters["grad_steps"],
         )
-        if self.shard.is_main:
-            self.evaluations.append(result)
-            self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
+        self.evaluations.append(result)
+        self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
         return result
 
     def _log(self, row: dict, prefix: str) -> None:

@@ -25,7 +25,6 @@ class VGRPO(Algorithm):
 
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
-        policy, reference = self.policy, self.reference
         c = config.vgrpo
         if c.kl_coef is not None and self.single_step:
             raise ValueError(
@@ -34,11 +33,11 @@ class VGRPO(Algorithm):
             )
         self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size, noise=c.noise)
         self.loss_module = VGRPOLoss(
-            policy,
+            self.policy,
             self.estimator,
             clip_epsilon=(c.clip_low, c.clip_high),
             kl_coef=c.kl_coef,
-            ref_model=reference if c.ref_kl_coef is not None else None,
+            ref_model=self.reference if c.ref_kl_coef is not None else None,
             ref_kl_coef=c.ref_kl_coef,
             on_policy=self.single_step,
         )

@@ -149,6 +149,12 @@ def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return tensor
 
 
+def metric_extreme(name: str) -> str | None:
+    """How a logged value combines across processes or micro-batches: ``"min"`` / ``"max"`` for names ending in
+    ``_min`` / ``_max``, None (a weighted mean) for all others."""
+    return "min" if name.endswith("_min") else "max" if name.endswith("_max") else None
+
+
 def all_reduce_metrics(values: torch.Tensor, names: Sequence[str]) -> torch.Tensor:
     """Per-process logged values ``[..., len(names)]`` combined into global ones, identical on every rank.
 
@@ -162,8 +168,8 @@ def all_reduce_metrics(values: torch.Tensor, names: Sequence[str]) -> torch.Tens
     dist.all_reduce(low, dist.ReduceOp.MIN)
     dist.all_reduce(high, dist.ReduceOp.MAX)
     dist.all_reduce(total)
-    is_min = torch.tensor([name.endswith("_min") for name in names])
-    is_max = torch.tensor([name.endswith("_max") for name in names])
+    is_min = torch.tensor([metric_extreme(name) == "min" for name in names])
+    is_max = torch.tensor([metric_extreme(name) == "max" for name in names])
     return torch.where(is_min, low, torch.where(is_max, high, total / world_size()))
 
 
@@ -245,11 +251,9 @@ def gradient_sync(model, enabled: bool) -> Iterator[None]:
             yield
         finally:
             model.set_requires_gradient_sync(True)
-    elif hasattr(model, "no_sync"):
-        with model.no_sync():
-            yield
     else:
-        yield
+        with model.no_sync():  # a DDP wrapper: the trainer wraps every multi-process policy
+            yield
 
 
 def _full_options():

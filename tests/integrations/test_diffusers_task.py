@@ -129,7 +129,7 @@ def test_rollout_grid_is_the_pipeline_schedulers_unless_a_shift_is_set(hub_model
 def test_diffusion_nft_old_policy_is_a_second_adapter_soft_updated(hub_model):
     trainer = Trainer(config("diffusion_nft", *hub_model("sd3"), "diffusion_nft.decay_rate=0.25"), "unused",
                       progress=False)
-    old, transformer = trainer.algorithm.old_policy, trainer.policy.transformer
+    old, transformer = trainer.algorithm.behaviour, trainer.policy.transformer
     assert isinstance(old, AdapterBehaviour) and set(transformer.peft_config) == {"default", "old"}
     assert all(not p.requires_grad for p in lora_parameters(transformer, "old").values())
 

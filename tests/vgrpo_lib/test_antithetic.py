@@ -11,25 +11,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from vgrpo_lib import ELBOSurrogate
 from vgrpo_lib.elbo import NOISE_SCHEMES
+from tests.vgrpo_lib.test_elbo import LinearVelocity
 from vgrpo_lib.timesteps import DiscreteGrid, PiecewiseDensity
 
 FAST = settings(max_examples=25, deadline=None)
-
-
-class DiagonalLinearVelocity(nn.Module):
-    """``v(z, t) = w * z + t u`` elementwise: the velocity error ``v - (eps - o)`` is linear in ``eps``."""
-
-    def __init__(self, w, u):
-        super().__init__()
-        self.w = nn.Parameter(torch.as_tensor(w, dtype=torch.float64))
-        self.u = nn.Parameter(torch.as_tensor(u, dtype=torch.float64))
-
-    def forward(self, z, t, cond):
-        return self.w * z + t[:, None] * self.u
 
 
 def _normal_ks_distance(values: torch.Tensor) -> float:
@@ -139,7 +127,7 @@ def test_marginals_are_standard_normal_and_uniform():
     assert ks < 1.95 / math.sqrt(n)
 
 
-def _expected_v_surrogate(model: DiagonalLinearVelocity, sample: torch.Tensor) -> float:
+def _expected_v_surrogate(model: LinearVelocity, sample: torch.Tensor) -> float:
     """Closed form of E_{t ~ U[0,1], eps ~ N(0, I)} of the v-weighted surrogate of one sample, rectified flow.
 
     The error is ``e_d = (w_d t - 1) eps_d + ((w_d (1 - t) + 1) o_d + t u_d)``, so
@@ -160,7 +148,7 @@ def test_unbiased_on_a_closed_form_linear_gaussian_case(timesteps):
     independent-noise one, matches the closed-form expectation within 1% relative. The standard error of each
     mean is about 0.2% of it, so 1% is 5 SE (observed deviations: at most 1.3 SE); noise scaled by 1.02 instead
     of 1 fails it."""
-    model = DiagonalLinearVelocity([0.5, -1.0, 0.2], [1.0, 0.0, -0.5])
+    model = LinearVelocity([0.5, -1.0, 0.2], [1.0, 0.0, -0.5])
     sample = torch.tensor([[1.0, 2.0, -0.5]], dtype=torch.float64)
     exact = _expected_v_surrogate(model, sample[0])
     spec = PiecewiseDensity([0.5, 1.0, 2.0, 4.0]) if timesteps == "importance" else timesteps
@@ -193,7 +181,7 @@ def test_odd_noise_term_of_group_differences_cancels_exactly(w, u, o, seed):
     timesteps the group difference ``s(o_1) - s(o_2)`` does not depend on which noise was drawn (equal to
     rounding). (Independent noise, or couples that repeat eps instead of negating it, fail this: see the
     variance test below.)"""
-    model = DiagonalLinearVelocity(w, u)
+    model = LinearVelocity(w, u)
     samples = torch.tensor(o, dtype=torch.float64).view(2, 3)
     group = torch.tensor([0, 0])
     antithetic = ELBOSurrogate(num_pairs=4, sharing="group", noise="antithetic")
@@ -218,7 +206,7 @@ def test_antithetic_lowers_the_variance_of_group_differences(fixed_t):
       asserted > 3; each variance estimate has a relative SE of about 2-3%.
     """
     g = torch.Generator().manual_seed(5)
-    model = DiagonalLinearVelocity(*torch.randn(2, 8, generator=g, dtype=torch.float64))
+    model = LinearVelocity(*torch.randn(2, 8, generator=g, dtype=torch.float64))
     base = torch.randn(1, 8, generator=g, dtype=torch.float64)
     members = base + 0.3 * torch.randn(2, 8, generator=g, dtype=torch.float64)
     batch, group = members.repeat(4_000, 1), torch.arange(4_000).repeat_interleave(2)

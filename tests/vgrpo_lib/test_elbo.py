@@ -18,12 +18,12 @@ FAST = settings(max_examples=20, deadline=None)
 
 
 class LinearVelocity(nn.Module):
-    """v(z, t) = diag(w) z + t u (elementwise), D = 2."""
+    """v(z, t) = diag(w) z + t u (elementwise, any D): the velocity error ``v - (eps - o)`` is linear in ``eps``."""
 
     def __init__(self, w, u):
         super().__init__()
-        self.w = nn.Parameter(torch.tensor(w, dtype=torch.float64))
-        self.u = nn.Parameter(torch.tensor(u, dtype=torch.float64))
+        self.w = nn.Parameter(torch.as_tensor(w, dtype=torch.float64))
+        self.u = nn.Parameter(torch.as_tensor(u, dtype=torch.float64))
         self.calls = 0
 
     def forward(self, z, t, cond):
