@@ -20,6 +20,7 @@ from vgrpo_lib._checks import check_key, check_non_negative, check_positive, che
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
     clip_fraction,
+    clip_fraction_active,
     clipped_ratio_objective,
     gaussian_kl_same_std,
     nft_implicit_velocities,
@@ -70,7 +71,8 @@ class _PolicyLoss(LossModule):
         log_ratio = log_prob - old_log_prob
         return {
             "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
-            "clip_fraction": clip_fraction(log_ratio, advantage, self.clip_low, self.clip_high),
+            "clip_fraction": clip_fraction(log_ratio, self.clip_low, self.clip_high),
+            "clip_fraction_active": clip_fraction_active(log_ratio, advantage, self.clip_low, self.clip_high),
             **ratio_diagnostics(log_ratio),
         }
 
@@ -103,7 +105,8 @@ class VGRPOLoss(_PolicyLoss):
     ``old_x_pred`` ``[B, K, *D]`` (KL only).
 
     Returns ``loss_objective`` (and ``loss_kl``, ``loss_ref_kl``) plus detached diagnostics: ratio mean/min/max,
-    clip fraction, approx KL, ESS, surrogate mean, and the KL values.
+    ``clip_fraction`` / ``clip_fraction_active``, ``approx_kl_k3`` / ``approx_kl_sq``, ESS (see
+    :func:`~vgrpo_lib.objectives.ratio_diagnostics`), surrogate mean, and the KL values.
     """
 
     @dataclass

@@ -34,8 +34,17 @@ def clipped_ratio_objective(
     return -torch.minimum(ratio * advantage, clipped * advantage)
 
 
-def clip_fraction(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
-    """Share of elements whose gradient the clip removes (ratio outside the range on the advantage's side)."""
+def clip_fraction(log_ratio: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
+    """Share of elements whose ratio lies outside ``[1 - clip_low, 1 + clip_high]``, on either side and whatever
+    the advantage's sign: what the official Flow-GRPO logs as ``clipfrac`` (``|ratio - 1| > clip_range``)."""
+    ratio = torch.exp(log_ratio.detach())
+    return ((ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)).float().mean()
+
+
+def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
+    """Share of elements whose gradient the clip removes: ratio above ``1 + clip_high`` with a positive
+    advantage, or below ``1 - clip_low`` with a negative one (a ratio outside the range on the other side keeps
+    its gradient, since ``min`` then picks the unclipped term)."""
     ratio = torch.exp(log_ratio.detach())
     clipped = ((ratio > 1.0 + clip_high) & (advantage > 0)) | ((ratio < 1.0 - clip_low) & (advantage < 0))
     return clipped.float().mean()
@@ -87,15 +96,21 @@ def gaussian_kl_same_std(mean: torch.Tensor, mean_other: torch.Tensor, std, redu
 
 
 def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Detached importance-ratio statistics: mean/min/max ratio, approx KL ``E[(rho - 1) - log rho]`` and the
-    normalised effective sample size ``(sum rho)^2 / (N sum rho^2)`` (1 = on-policy)."""
+    """Detached importance-ratio statistics: mean/min/max ratio, two approximate KLs between the behaviour and
+    the current policy, and the normalised effective sample size ``(sum rho)^2 / (N sum rho^2)`` (1 = on-policy).
+
+    - ``approx_kl_k3``: ``E[(rho - 1) - log rho]``, Schulman's unbiased non-negative k3 estimator of
+      ``KL(old || new)`` from samples of the old policy;
+    - ``approx_kl_sq``: ``0.5 E[log rho^2]`` (k2), what the official Flow-GRPO logs as ``approx_kl``.
+    """
     log_ratio = log_ratio.detach()
     ratio = torch.exp(log_ratio)
     return {
         "ratio_mean": ratio.mean(),
         "ratio_min": ratio.min(),
         "ratio_max": ratio.max(),
-        "approx_kl": (torch.expm1(log_ratio) - log_ratio).mean(),
+        "approx_kl_k3": (torch.expm1(log_ratio) - log_ratio).mean(),
+        "approx_kl_sq": 0.5 * log_ratio.square().mean(),
         "ess": ratio.sum().square() / (ratio.numel() * ratio.square().sum()),
     }
 

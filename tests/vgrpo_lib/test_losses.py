@@ -67,7 +67,8 @@ def test_vgrpo_on_policy_ratio_exactly_one_and_no_clipping(vgrpo_setup):
     out = VGRPOLoss(model, est, clip_epsilon=1e-3)(batch)
     assert out["ratio_min"].item() == 1.0 and out["ratio_max"].item() == 1.0 and out["ratio_mean"].item() == 1.0
     assert out["clip_fraction"].item() == 0.0
-    assert out["approx_kl"].item() == 0.0 and out["ess"].item() == 1.0
+    assert out["approx_kl_k3"].item() == 0.0 and out["approx_kl_sq"].item() == 0.0 and out["ess"].item() == 1.0
+    assert out["clip_fraction_active"].item() == 0.0
     torch.testing.assert_close(out["loss_objective"], -batch["advantage"].mean())
 
 
@@ -103,7 +104,8 @@ def test_vgrpo_off_policy_gradient_matches_clipped_formula(vgrpo_setup, perturb)
     clipped = ((rho > 1 + eps) & (adv > 0)) | ((rho < 1 - eps) & (adv < 0))
     assert clipped.tolist() == [True] * 3 + [False] * 3
     out = VGRPOLoss(model, est, clip_epsilon=eps)(batch)
-    assert out["clip_fraction"].item() == pytest.approx(clipped.double().mean().item())
+    assert out["clip_fraction_active"].item() == pytest.approx(clipped.double().mean().item())
+    assert out["clip_fraction"].item() == 1.0  # every ratio lies outside the range, whatever the advantage's sign
     torch.testing.assert_close(out["ratio_mean"], rho.mean())
     model.zero_grad()
     out["loss_objective"].backward()

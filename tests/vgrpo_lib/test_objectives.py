@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from vgrpo_lib.objectives import (
     clip_fraction,
+    clip_fraction_active,
     clipped_ratio_objective,
     gaussian_kl_same_std,
     kl_estimate,
@@ -33,7 +34,10 @@ def test_clipped_objective_hand_computed():
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0], dtype=torch.float64)
     loss = clipped_ratio_objective(torch.log(ratio), adv, 0.2, 0.2)
     torch.testing.assert_close(loss, torch.tensor([-1.2, 1.5, -0.5, 0.8, -2.2], dtype=torch.float64))
-    assert clip_fraction(torch.log(ratio), adv, 0.2, 0.2).item() == pytest.approx(2 / 5)
+    # Active clips remove a gradient (1.5 with A > 0, 0.5 with A < 0); every ratio outside [0.8, 1.2] counts in
+    # the official both-sides clip fraction.
+    assert clip_fraction_active(torch.log(ratio), adv, 0.2, 0.2).item() == pytest.approx(2 / 5)
+    assert clip_fraction(torch.log(ratio), 0.2, 0.2).item() == pytest.approx(4 / 5)
 
 
 def test_clipped_objective_asymmetric_and_gradient_zero_where_clipped():
@@ -47,7 +51,8 @@ def test_clipped_objective_asymmetric_and_gradient_zero_where_clipped():
     (grad,) = torch.autograd.grad(loss.sum(), log_ratio)
     # d/dlogr (-rho A) = -rho A where unclipped, 0 where clipped
     torch.testing.assert_close(grad, torch.tensor([-1.25, 0.0, 0.0, 0.95], dtype=torch.float64))
-    assert clip_fraction(log_ratio, adv, 0.1, 0.3).item() == 0.5
+    assert clip_fraction_active(log_ratio, adv, 0.1, 0.3).item() == 0.5
+    assert clip_fraction(log_ratio, 0.1, 0.3).item() == 0.5
 
 
 @FAST
@@ -60,7 +65,8 @@ def test_on_policy_value_and_reinforce_gradient(adv, eps):
     torch.testing.assert_close(loss.detach(), -a)
     (grad,) = torch.autograd.grad(loss.sum(), log_ratio)
     torch.testing.assert_close(grad, -a)
-    assert clip_fraction(log_ratio, a, eps, eps).item() == 0.0
+    assert clip_fraction_active(log_ratio, a, eps, eps).item() == 0.0
+    assert clip_fraction(log_ratio, eps, eps).item() == 0.0
 
 
 @FAST
@@ -153,13 +159,15 @@ def test_gaussian_kl_gradient_non_zero():
 def test_ratio_diagnostics():
     on = ratio_diagnostics(torch.zeros(5))
     assert on["ratio_mean"].item() == 1.0 and on["ratio_min"].item() == 1.0 and on["ratio_max"].item() == 1.0
-    assert on["approx_kl"].item() == 0.0 and on["ess"].item() == 1.0
-    # ratios (1, 3): mean 2, ESS = 16 / (2 * 10) = 0.8, approx KL = mean(r - 1 - log r) = (2 - log 3)/2
+    assert on["approx_kl_k3"].item() == 0.0 and on["approx_kl_sq"].item() == 0.0 and on["ess"].item() == 1.0
+    # ratios (1, 3): mean 2, ESS = 16 / (2 * 10) = 0.8, k3 = mean(r - 1 - log r) = (2 - log 3)/2,
+    # sq = 0.5 mean(log r^2) = log(3)^2 / 4
     log_ratio = torch.log(torch.tensor([1.0, 3.0], dtype=torch.float64, requires_grad=True))
     d = ratio_diagnostics(log_ratio)
     assert d["ratio_mean"].item() == pytest.approx(2.0)
     assert d["ess"].item() == pytest.approx(0.8)
-    assert d["approx_kl"].item() == pytest.approx((2 - math.log(3)) / 2)
+    assert d["approx_kl_k3"].item() == pytest.approx((2 - math.log(3)) / 2)
+    assert d["approx_kl_sq"].item() == pytest.approx(math.log(3) ** 2 / 4)
     assert not any(v.requires_grad for v in d.values())
 
 
