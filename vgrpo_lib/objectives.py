@@ -95,6 +95,35 @@ def gaussian_kl_same_std(mean: torch.Tensor, mean_other: torch.Tensor, std, redu
     return reduced * per_dim[0].numel() if reduction == "sum" else reduced
 
 
+def guard_log_ratio(
+    log_ratio: torch.Tensor, mean: torch.Tensor, old_mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """GRPO-Guard's normalised log-ratio of one Gaussian SDE step (Wang et al., 2025, "GRPO-Guard"), ``[B]``.
+
+        log_ratio_guard = std * log_ratio + ||mean - old_mean||^2 / (2 std)
+
+    as Flow-Factory's ``GRPOGuardTrainer`` computes it (X-GenGroup/Flow-Factory,
+    src/flow_factory/trainers/grpo.py). With the stored transition ``z' = old_mean + std xi`` the plain log-ratio
+    of a step is ``<xi, delta> / std - ||delta||^2 / (2 std^2)`` (``delta = mean - old_mean``, ``<.,.>`` and
+    ``||.||^2`` reduced over the data dimensions like the log-densities): its mean is shifted below 0 by the
+    second term and its scale grows as ``1 / std``, so a clip range that suits one step is far too wide or too
+    narrow for another. The normalised one is exactly ``<xi, delta>``: zero mean over the rollout noise, a scale
+    ``sqrt(mean_d delta^2 / D)`` (``"mean"`` reduction) that does not depend on the step's noise, and on-policy
+    (``delta = 0``) a gradient ``std`` times the plain one, which is the paper's reweighting of the steps.
+
+    Args:
+        log_ratio: ``[B]`` ``log p_theta(z' | z) - log p_old(z' | z)`` reduced with ``reduction``.
+        mean, old_mean: ``[B, *D]`` the step means under the trained and the behaviour policy.
+        std: ``[B, 1, ...]`` (broadcastable) the step's standard deviation, the same for both policies.
+        reduction: ``"mean"`` or ``"sum"`` over the data dimensions, as for ``log_ratio``.
+    """
+    choose("log-prob reduction", reduction, ("mean", "sum"))
+    per_dim = (mean - old_mean).square()
+    mse = mean_over_data(per_dim, 1) * (per_dim[0].numel() if reduction == "sum" else 1)
+    scale = std.reshape(std.shape[0], -1)[:, 0]
+    return scale * log_ratio + mse / (2.0 * scale)
+
+
 def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
     """Detached importance-ratio statistics: mean/min/max ratio, two approximate KLs between the behaviour and
     the current policy, and the normalised effective sample size ``(sum rho)^2 / (N sum rho^2)`` (1 = on-policy).

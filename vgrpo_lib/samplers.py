@@ -8,8 +8,8 @@ recording. The grid is kept as Python floats so that no step forces a device syn
 - :func:`sample_euler`, :func:`sample_heun` (2nd order), :func:`sample_dpmpp_2m` (DPM-Solver++(2M), data
   prediction, multistep 2nd order): deterministic ODE solvers. V-GRPO and DiffusionNFT can use any of them,
   since their objectives do not depend on the trajectory.
-- :func:`sample_sde`: the Flow-GRPO SDE, recording every stochastic transition with its log-density
-  (optionally only inside a window of steps: MixGRPO).
+- :func:`sample_sde`: the Flow-GRPO SDE or the coefficients-preserving SDE (CPS), recording every stochastic
+  transition with its log-density (optionally only inside a window of steps: MixGRPO, Flow-GRPO-Fast).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose
 from vgrpo_lib.paths import Path, make_path
-from vgrpo_lib.sde import gaussian_log_prob, sde_step_mean_std
+from vgrpo_lib.sde import check_noise_level, gaussian_log_prob, step_mean_std
 
 Callback = Callable[[dict], None] | None
 
@@ -157,12 +157,18 @@ def sample_sde(
     sde_steps: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     log_prob_reduction: str = "mean",
+    sde_type: str = "flow_sde",
+    record_mean: bool = False,
 ) -> tuple[torch.Tensor, TensorDict]:
     """Flow-GRPO rollout: SDE steps (recorded) where ``sde_steps`` says, Euler ODE steps elsewhere.
 
     Args:
-        sde_steps: indices of the stochastic steps (default: all). MixGRPO passes a sliding window.
+        sde_steps: indices of the stochastic steps (default: all; with ``sde_type="cps"`` all but a final step
+            to ``t = 0``, which has no noise). MixGRPO passes a sliding window, Flow-GRPO-Fast a random one.
         log_prob_reduction: see :func:`vgrpo_lib.sde.gaussian_log_prob`.
+        sde_type: ``"flow_sde"`` (Flow-GRPO's SDE) or ``"cps"`` (coefficients-preserving), see :mod:`vgrpo_lib.sde`.
+        record_mean: also record each step's mean under the behaviour policy, ``"mean"`` ``(B, S, *D)``
+            (GRPO-Guard's ratio normalisation needs it).
 
     Returns:
         The final sample ``(B, *D)`` and a TensorDict of batch size ``(B, S)`` for the S recorded steps with
@@ -171,37 +177,32 @@ def sample_sde(
     """
     grid = _check_grid(grid)
     _check_state(z)
-    if not (check_real("noise_level", noise_level) > 0 and math.isfinite(noise_level)):
-        raise ValueError(
-            f"noise_level must be > 0 and finite for recorded SDE steps (0 has no density: NaN log-probs), got {noise_level}; "
-            "use sample_euler for the deterministic ODE."
-        )
+    step = step_mean_std(sde_type)
+    check_noise_level(sde_type, noise_level)
     num_steps = len(grid) - 1
-    stochastic = set(range(num_steps)) if sde_steps is None else set(sde_steps)
-    if not stochastic or not stochastic <= set(range(num_steps)):
-        raise ValueError(f"sde_steps must be a non-empty subset of 0..{num_steps - 1}, got {sorted(stochastic)}.")
+    noisy = [i for i in range(num_steps) if sde_type != "cps" or grid[i + 1] > 0.0]
+    stochastic = set(noisy) if sde_steps is None else set(sde_steps)
+    if not noisy:
+        raise ValueError("A cps rollout needs a step that ends above t = 0 (a cps step to t = 0 has no noise).")
+    if not stochastic or not stochastic <= set(noisy):
+        why = " (a cps step to t = 0 has no noise)" if len(noisy) < num_steps else ""
+        raise ValueError(f"sde_steps must be a non-empty subset of 0..{noisy[-1]}{why}, got {sorted(stochastic)}.")
     records = []
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if i not in stochastic:
             z = z + (t_next - t) * v
             continue
-        mean, std = sde_step_mean_std(z, v, _times(z, t), _times(z, t_next), noise_level)
+        mean, std = step(z, v, _times(z, t), _times(z, t_next), noise_level)
         z_next = mean + std * torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
         log_prob = gaussian_log_prob(z_next, mean, std, log_prob_reduction)
-        records.append((z, z_next, t, t_next, log_prob))
+        records.append({"z": z, "z_next": z_next, "log_prob": log_prob} | ({"mean": mean} if record_mean else {}))
         z = z_next
-    batch = z.shape[0]
-    zs, z_nexts, ts, t_nexts, log_probs = zip(*records)
+    batch, steps = z.shape[0], sorted(stochastic)
     time = lambda values: torch.tensor(values, device=z.device, dtype=z.dtype).expand(batch, -1)  # noqa: E731
     trajectory = TensorDict(
-        {
-            "z": torch.stack(zs, 1),
-            "z_next": torch.stack(z_nexts, 1),
-            "t": time(ts),
-            "t_next": time(t_nexts),
-            "log_prob": torch.stack(log_probs, 1),
-        },
+        {key: torch.stack([record[key] for record in records], 1) for key in records[0]}
+        | {"t": time([grid[i] for i in steps]), "t_next": time([grid[i + 1] for i in steps])},
         batch_size=[batch, len(records)],
     )
     return z, trajectory

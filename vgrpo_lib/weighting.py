@@ -13,6 +13,9 @@ Options (V-GRPO's ablation order: ``eps`` collapses, ``v`` is stable but slower,
 - ``"x"``: ``||x_hat - x||^2``.
 - ``"adaptive_x"``: ``||x_hat - x||^2 / sg(mean_d |x_hat - x|)``, the denominator detached and clamped below by
   ``ADAPTIVE_FLOOR``; self-normalised so every pair contributes on a similar scale (V-GRPO, DiffusionNFT).
+- ``"ghuber"``: AWM's generalised Huber loss of the velocity error, ``(t / p) ((l_v + c)^p - c^p)`` with
+  ``l_v = ||v - v*||^2``, ``p = 0.25``, ``c = 1e-10`` (Xue et al., 2025, "Advantage Weighted Matching"; the
+  official default): it grows like ``l_v^(1/4)``, so outlier pairs with a large error weigh little.
 - ``"elbo"``: ``w_elbo(t) ||x_hat - x||^2`` with the true ELBO weight (see :meth:`Path.elbo_x_weight`), for
   study; it is singular at ``t = 0`` so sample ``t`` away from 0.
 """
@@ -52,6 +55,15 @@ def adaptive_x_loss(v, x, noise, z, t, path: Path, x_pred):
     return mean_over_data(error.square(), t.ndim) / scale
 
 
+GHUBER_POWER, GHUBER_OFFSET = 0.25, 1e-10
+
+
+def ghuber_loss(v, x, noise, z, t, path: Path, x_pred):
+    error = v_loss(v, x, noise, z, t, path, x_pred)
+    power, offset = GHUBER_POWER, GHUBER_OFFSET
+    return t * ((error + offset) ** power - offset**power) / power
+
+
 def elbo_loss(v, x, noise, z, t, path: Path, x_pred):
     return path.elbo_x_weight(t) * mean_over_data((x_pred - x).square(), t.ndim)
 
@@ -61,6 +73,7 @@ WEIGHTINGS: dict[str, Callable[..., torch.Tensor]] = {
     "v": v_loss,
     "x": x_loss,
     "adaptive_x": adaptive_x_loss,
+    "ghuber": ghuber_loss,
     "elbo": elbo_loss,
 }
 
