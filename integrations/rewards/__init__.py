@@ -13,15 +13,20 @@ work offline) and geneval (needs a detector plug-in).
 
 from .base import MultiReward, MultiRewardOutput, Reward, available_rewards, get_reward, register_reward
 from .clip_rewards import CLIPScore, HPSv21, LAIONAesthetic, PickScore, ScoreMLP, open_clip_to_transformers
-from .geneval import Detection, GenEvalReward, check_requirements, load_geneval_metadata
+from .geneval import (
+    GENEVAL_TAGS, Detection, GenEvalResult, GenEvalReward, GenEvalRules, flow_grpo_score, geneval_correct,
+    geneval_table, load_geneval_metadata, relative_position, select_objects,
+)
 from .image_reward import ImageReward, image_reward_to_transformers
 from .loading import MissingWeightsError
 from .preprocess import ImagePreprocessor
 from .simple import JPEGCompressibility, OCRReward, quoted_text, text_similarity
 
 __all__ = [
-    "CLIPScore", "Detection", "GenEvalReward", "HPSv21", "ImagePreprocessor", "ImageReward", "JPEGCompressibility",
-    "LAIONAesthetic", "MissingWeightsError", "MultiReward", "MultiRewardOutput", "OCRReward", "PickScore", "Reward",
-    "ScoreMLP", "available_rewards", "check_requirements", "get_reward", "image_reward_to_transformers",
-    "load_geneval_metadata", "open_clip_to_transformers", "quoted_text", "register_reward", "text_similarity",
+    "CLIPScore", "Detection", "GENEVAL_TAGS", "GenEvalResult", "GenEvalReward", "GenEvalRules", "HPSv21",
+    "ImagePreprocessor", "ImageReward", "JPEGCompressibility", "LAIONAesthetic", "MissingWeightsError",
+    "MultiReward", "MultiRewardOutput", "OCRReward", "PickScore", "Reward", "ScoreMLP", "available_rewards",
+    "flow_grpo_score", "geneval_correct", "geneval_table", "get_reward", "image_reward_to_transformers",
+    "load_geneval_metadata", "open_clip_to_transformers", "quoted_text", "register_reward", "relative_position",
+    "select_objects", "text_similarity",
 ]

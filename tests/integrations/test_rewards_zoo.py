@@ -239,26 +239,28 @@ def test_text_similarity_is_flow_grpo_normalised_edit_distance():
 def test_geneval_reward_with_an_injected_detector():
     def detector(images):
         cat = Detection("cat", 0.9, (0, 0, 10, 10), color="red")
-        dog = Detection("dog", 0.8, (30, 0, 40, 10), color="blue")
+        dog = Detection("dog", 0.95, (30, 0, 40, 10), color="blue")
         weak_dog = Detection("dog", 0.1, (0, 30, 10, 40))
         return [[cat, dog], [cat, dog, weak_dog], [cat]]
 
-    specs = {
-        "a red cat and a blue dog": {"include": [{"class": "cat", "count": 1, "color": "red"},
-                                                 {"class": "dog", "count": 1, "color": "blue"}]},
-        "a dog right of a cat": {"include": [{"class": "cat", "count": 1},
-                                             {"class": "dog", "count": 1, "position": ["right of", 0]}]},
-        "a dog left of a cat": {"include": [{"class": "cat", "count": 1},
-                                            {"class": "dog", "count": 1, "position": ["left of", 0]}]},
-        "two dogs": {"include": [{"class": "dog", "count": 2}], "exclude": [{"class": "dog", "count": 3}]},
-    }
+    specs = [
+        {"tag": "color_attr", "prompt": "a red cat and a blue dog",
+         "include": [{"class": "cat", "count": 1, "color": "red"}, {"class": "dog", "count": 1, "color": "blue"}]},
+        {"tag": "position", "prompt": "a dog right of a cat",
+         "include": [{"class": "cat", "count": 1}, {"class": "dog", "count": 1, "position": ["right of", 0]}]},
+        {"tag": "position", "prompt": "a dog left of a cat",
+         "include": [{"class": "cat", "count": 1}, {"class": "dog", "count": 1, "position": ["left of", 0]}]},
+        {"tag": "counting", "prompt": "two dogs",
+         "include": [{"class": "dog", "count": 2}], "exclude": [{"class": "dog", "count": 3}]},
+    ]
+    specs = {spec["prompt"]: spec for spec in specs}
     reward = GenEvalReward(detector, specs)
     images = _images(3)
     torch.testing.assert_close(reward(images, ["a red cat and a blue dog", "a dog right of a cat", "a dog left of a cat"]),
                                torch.tensor([1.0, 1.0, 0.0]))
     assert reward(images, ["two dogs"] * 3).tolist() == [0.0, 0.0, 0.0], "the weak detection does not count"
     partial = GenEvalReward(detector, specs, partial=True)
-    assert partial(images, ["two dogs"] * 3).tolist() == [0.5, 0.5, 0.5]
+    assert partial(images, ["two dogs"] * 3).tolist() == [0.5, 0.5, 0.0]
     with pytest.raises(KeyError, match="no requirement spec"):
         reward(images, ["a prompt without a spec"] * 3)
 
