@@ -9,14 +9,15 @@ Pure torch + tensordict + torchrl (no diffusers import). The pieces, each usable
 - :mod:`~vgrpo_lib.advantages`: :class:`GroupAdvantage` and group statistics.
 - :mod:`~vgrpo_lib.objectives`, :mod:`~vgrpo_lib.sde`: clipped ratio objective, KL estimators, soft clip,
   SDE step densities, DiffusionNFT pieces.
-- :mod:`~vgrpo_lib.losses`: TorchRL :class:`VGRPOLoss`, :class:`FlowGRPOLoss`, :class:`DiffusionNFTLoss`.
+- :mod:`~vgrpo_lib.losses`: TorchRL :class:`VGRPOLoss`, :class:`FlowGRPOLoss`, :class:`DiffusionNFTLoss`, and the
+  peers' :class:`GRPOGuardLoss`, :class:`AWMLoss`.
 - :mod:`~vgrpo_lib.control`: schedules, adaptive KL, old-policy decay, MixGRPO window.
-- :mod:`~vgrpo_lib.samplers`: Euler, Heun, DPM-Solver++(2M) and the recording SDE sampler.
+- :mod:`~vgrpo_lib.samplers`: Euler, Heun, DPM-Solver++(2M) and the recording SDE sampler (Flow-SDE or CPS).
 """
 
 from vgrpo_lib.advantages import GroupAdvantage, group_advantage, group_statistics
 from vgrpo_lib.elbo import ELBOSurrogate
-from vgrpo_lib.losses import DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss, total_loss
+from vgrpo_lib.losses import AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss, total_loss
 from vgrpo_lib.paths import CosineVP, RectifiedFlow
 from vgrpo_lib.samplers import sample_dpmpp_2m, sample_euler, sample_heun, sample_ode, sample_sde, time_grid
 
@@ -28,6 +29,8 @@ __all__ = [
     "VGRPOLoss",
     "FlowGRPOLoss",
     "DiffusionNFTLoss",
+    "GRPOGuardLoss",
+    "AWMLoss",
     "total_loss",
     "RectifiedFlow",
     "CosineVP",

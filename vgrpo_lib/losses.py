@@ -1,4 +1,4 @@
-"""TorchRL loss modules for the three algorithms, thin wrappers over :mod:`vgrpo_lib.objectives`.
+"""TorchRL loss modules for the algorithms, thin wrappers over :mod:`vgrpo_lib.objectives`.
 
 Conventions (TorchRL's): each loss reads a TensorDict whose entry names are remappable with ``set_keys``,
 returns a TensorDict whose ``loss_*`` entries a trainer sums, and detached diagnostics beside them.
@@ -23,12 +23,13 @@ from vgrpo_lib.objectives import (
     clip_fraction_active,
     clipped_ratio_objective,
     gaussian_kl_same_std,
+    guard_log_ratio,
     nft_implicit_velocities,
     nft_optimality,
     ratio_diagnostics,
     x_space_kl,
 )
-from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, gaussian_log_prob, sde_step_mean_std
+from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, check_noise_level, gaussian_log_prob, step_mean_std
 from vgrpo_lib.weighting import mean_over_data
 
 
@@ -198,9 +199,10 @@ class FlowGRPOLoss(_PolicyLoss):
     Args:
         model: the trained velocity model.
         clip_epsilon: Flow-GRPO uses 1e-4 with the ``"mean"`` log-prob reduction.
-        noise_level: ``a`` of the SDE (0.7); must equal the rollout's.
+        noise_level: ``a`` of the SDE (0.7; ``eta`` in ``(0, 1]`` for CPS); must equal the rollout's.
         log_prob_reduction: ``"mean"`` over dimensions (anchor, default) or ``"sum"``; must equal the rollout's.
         adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]`` (5).
+        sde_type: ``"flow_sde"`` (Flow-GRPO's SDE) or ``"cps"`` (coefficients-preserving); must equal the rollout's.
         ref_model, kl_coef: closed-form Gaussian KL to a frozen reference (beta 0.01-0.04 in the anchor).
 
     Batch entries: one row per transition (any batch shape; it is flattened): ``z``, ``z_next`` ``[..., *D]``,
@@ -229,15 +231,14 @@ class FlowGRPOLoss(_PolicyLoss):
         adv_clip: float = 5.0,
         ref_model: torch.nn.Module | None = None,
         kl_coef: float | None = None,
+        sde_type: str = "flow_sde",
         unconditional: bool = False,
     ):
         super().__init__()
         if (ref_model is None) != (kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
-        if not (check_real("noise_level", noise_level) > 0 and math.isfinite(noise_level)):
-            raise ValueError(
-                f"noise_level must be > 0 and finite (0 has no transition density: NaN log-probs), got {noise_level}."
-            )
+        self.step_mean_std, self.sde_type = step_mean_std(sde_type), sde_type
+        check_noise_level(sde_type, noise_level)
         check_positive("adv_clip", adv_clip, allow_inf=True)  # clamp(-c, c) with c <= 0 or NaN is not a clip
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
@@ -276,16 +277,141 @@ class FlowGRPOLoss(_PolicyLoss):
         advantage = self._get(batch, "advantage", "the advantages").clamp(-self.adv_clip, self.adv_clip)
         old_log_prob = self._get(batch, "old_log_prob", "the rollout's transition log-probs")
         cond = self._cond(batch)
-        mean, std = sde_step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
+        mean, std = self.step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
         log_prob = gaussian_log_prob(z_next, mean, std, self.log_prob_reduction)
         out = self._clipped_objective(
-            log_prob, old_log_prob, advantage, "must have one entry per transition (after flattening the batch):"
+            *self._ratio_log_probs(batch, log_prob, old_log_prob, mean, std),
+            advantage,
+            "must have one entry per transition (after flattening the batch):",
         )
         if self.kl_coef is not None:
             with torch.no_grad():
-                ref_mean, _ = sde_step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
+                ref_mean, _ = self.step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
             kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction).mean()
             out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+        return TensorDict(out, batch_size=[])
+
+    def _ratio_log_probs(self, batch: TensorDictBase, log_prob, old_log_prob, mean, std):
+        """The two log-probs whose difference is the clipped log-ratio: a hook for ratio variants (GRPO-Guard)."""
+        return log_prob, old_log_prob
+
+
+class GRPOGuardLoss(FlowGRPOLoss):
+    """GRPO-Guard: Flow-GRPO with each step's log-ratio normalised (Wang et al., 2025, "GRPO-Guard: Mitigating
+    Implicit Over-Optimization in Flow Matching via Regulated Clipping").
+
+        log_ratio = std * (log p_theta - log p_old) + ||mu_theta - mu_old||^2 / (2 std)     (clipped as in Flow-GRPO)
+
+    see :func:`~vgrpo_lib.objectives.guard_log_ratio`: zero-mean over the rollout noise with a scale that does not
+    depend on the step (so one clip range fits every step), and each step's gradient weighted by its std. Follows
+    Flow-Factory's ``GRPOGuardTrainer`` (X-GenGroup/Flow-Factory, src/flow_factory/trainers/grpo.py). Arguments
+    as :class:`FlowGRPOLoss`; the batch also holds ``old_mean`` ``[..., *D]``, each step's mean under the
+    behaviour policy (recorded by :func:`~vgrpo_lib.samplers.sample_sde` with ``record_mean=True``).
+    The diagnostics (ratio statistics, clip fractions) are those of the normalised ratio.
+    """
+
+    @dataclass
+    class _AcceptedKeys(FlowGRPOLoss._AcceptedKeys):
+        old_mean: str = "old_mean"
+
+    @property
+    def in_keys(self):
+        return super().in_keys + [self.tensor_keys.old_mean]
+
+    def _ratio_log_probs(self, batch: TensorDictBase, log_prob, old_log_prob, mean, std):
+        old_mean = self._get(batch, "old_mean", "the behaviour policy's step means")
+        if old_mean.shape != mean.shape:
+            raise ValueError(f"old_mean {tuple(old_mean.shape)} must have the shape of z {tuple(mean.shape)}.")
+        # The normalised log-ratio against 0: the clipped objective only sees the difference.
+        return guard_log_ratio(log_prob - old_log_prob, mean, old_mean, std, self.log_prob_reduction), torch.zeros_like(log_prob)
+
+
+class AWMLoss(_PolicyLoss):
+    """AWM: advantage weighted matching (Xue et al., 2025, "Advantage Weighted Matching: Aligning RL with
+    Pretraining in Diffusion Models").
+
+        L = mean_{i, j} A_i l_theta(o_i; t_ij, eps_ij)
+            + behaviour_kl_coef * mean ||v_theta - v_behaviour||^2  +  ref_kl_coef * mean ||v_theta - v_ref||^2
+
+    The flow-matching loss ``l`` of the estimator (AWM: the generalised-Huber weighting ``"ghuber"``) on the
+    policy's own samples, weighted by the advantage: no likelihood ratio and no trust region. The official code
+    (scxue/advantage_weighted_matching, scripts/train_sd3_awm.py) writes it as a PPO ratio of per-pair log-probs
+    ``-l`` with one on-policy step (ratio 1, clip range 1 inert): the same gradient, ``-A grad(-l)``. The KLs are
+    velocity MSEs, to a soft-updated copy of the policy (its "EMA" adapter, decay ``min(0.001 step, 0.3)``,
+    coefficient 1) and to the base model (0.001 GenEval, 0.003 OCR).
+
+    Args:
+        model: the trained velocity model.
+        estimator: noising and weighting; its pairs (fresh each step) are in the batch.
+        advantage_scale: multiplies the advantages (official: ``advantage_max / adv_clip_max`` = 1/5 after the
+            clip to +-5), i.e. the weight of the matching term against the KLs.
+        behaviour_model, behaviour_kl_coef: the soft-updated policy copy and the coefficient of the MSE to it.
+        ref_model, ref_kl_coef: the frozen base policy and the coefficient of the MSE to it.
+
+    Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``pairs`` ``[B, K]``. Returns
+    ``loss_objective`` (and ``loss_behaviour_kl``, ``loss_ref_kl``) plus the mean matching loss ``matching_loss``
+    and the KL values.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        sample: str = "sample"
+        cond: str = "cond"
+        advantage: str = "advantage"
+        pairs: str = "pairs"
+
+    _schedulable_buffers = frozenset({"behaviour_kl_coef", "ref_kl_coef"})
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        estimator: ELBOSurrogate,
+        *,
+        advantage_scale: float = 1.0,
+        behaviour_model: VelocityModel | None = None,
+        behaviour_kl_coef: float | None = None,
+        ref_model: VelocityModel | None = None,
+        ref_kl_coef: float | None = None,
+        unconditional: bool = False,
+    ):
+        super().__init__()
+        for name, other, coef in (("behaviour", behaviour_model, behaviour_kl_coef), ("reference", ref_model, ref_kl_coef)):
+            if (other is None) != (coef is None):
+                raise ValueError(f"A KL to the {name} policy needs both its model and its coefficient.")
+        self.model, self.estimator, self.unconditional = model, estimator, unconditional
+        self.behaviour_model, self.ref_model = behaviour_model, ref_model
+        self.advantage_scale = check_positive("advantage_scale", advantage_scale)
+        self._register_coefficient("behaviour_kl_coef", behaviour_kl_coef)
+        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+
+    @property
+    def in_keys(self):
+        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
+        return [getattr(self.tensor_keys, k) for k in keys]
+
+    @property
+    def out_keys(self):
+        keys = ["loss_objective"] + ([] if self.behaviour_kl_coef is None else ["loss_behaviour_kl"])
+        return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        sample = self._get(tensordict, "sample", "the generated samples")
+        advantage = self._get(tensordict, "advantage", "the advantages")
+        pairs = self._get(tensordict, "pairs", "the timestep-noise pairs")
+        if advantage.shape != sample.shape[:1]:
+            raise ValueError(f"advantage must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)}.")
+        inputs = self.estimator.noised(sample, self._cond(tensordict), pairs)
+        v = self.estimator.predict(self.model, inputs)
+        matching, _ = self.estimator.pair_loss(v, inputs)
+        weight = self.advantage_scale * advantage
+        out = {"loss_objective": (weight[:, None] * matching).mean(), "matching_loss": matching.detach().mean()}
+        for name, other in (("behaviour_kl", self.behaviour_model), ("ref_kl", self.ref_model)):
+            coef = getattr(self, f"{name}_coef")
+            if coef is not None:
+                with torch.no_grad():
+                    v_other = self.estimator.predict(other, inputs)
+                kl = mean_over_data((v - v_other).square(), 2).mean()
+                out.update({f"loss_{name}": coef * kl, name: kl.detach()})
         return TensorDict(out, batch_size=[])
 
 
