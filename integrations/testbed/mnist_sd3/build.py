@@ -1,0 +1,115 @@
+"""The MNIST-SD3 pipeline's components: real diffusers / transformers classes in small configs.
+
+``build_pipeline(seed)`` returns an untrained ``StableDiffusion3Pipeline`` with the final
+configs; ``python -m integrations.testbed.pretrain mnist_sd3`` trains it and writes it to
+``PIPELINE_DIR`` with ``save_pretrained`` (load it with ``StableDiffusion3Pipeline.from_pretrained``).
+
+* Tokenizers: two ``CLIPTokenizer`` built in code from ``prompts.VOCABULARY``: every vocabulary word
+  is one token (a chain of BPE merges spells it), any other lower-case text falls back to single
+  characters, and CLIP's pre-tokenizer splits numerals into single digits ("407" -> 4, 0, 7), so
+  unseen numbers are sequences of known tokens. ``CLIP_LENGTH`` tokens per prompt.
+* Text encoders: ``CLIPTextModelWithProjection`` x 2 (a small "CLIP-L" and a wider "CLIP-G"); no
+  T5 (``text_encoder_3=None``: the pipeline then appends ``max_sequence_length`` zero tokens, see
+  ``T5_TOKENS``).
+* VAE: ``AutoencoderKL``, 3 blocks (4x downsampling), 4 latent channels, about 1M parameters.
+* Transformer: ``SD3Transformer2DModel``, 4 joint blocks of 4 heads x 32, patch 2 (16 image tokens
+  for 32x32, 48 for 32x96).
+* Scheduler: ``FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .prompts import VOCABULARY
+from .render import DIGIT_SIZE, LATENT_CHANNELS, NUMBER_SIZE, VAE_DOWNSAMPLE
+
+PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_sd3"
+
+CLIP_LENGTH = 12  # CLIP tokens per prompt, start and end tokens included
+T5_TOKENS = 0
+"""The pipeline's ``max_sequence_length`` to use: without T5 the pipeline appends that many zero
+tokens to the CLIP tokens. The transformer was trained with 0 and with the pipeline's default 256
+(see the model card), so both work; 0 is the cheap one."""
+SCHEDULER_SHIFT = 1.0
+CLIP_L = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, projection_dim=64)
+CLIP_G = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2, projection_dim=64)
+JOINT_ATTENTION_DIM = CLIP_L["hidden_size"] + CLIP_G["hidden_size"]
+POOLED_DIM = CLIP_L["projection_dim"] + CLIP_G["projection_dim"]
+TRANSFORMER = dict(num_layers=4, attention_head_dim=32, num_attention_heads=4, patch_size=2)
+VAE_BLOCKS = (32, 64, 64)
+_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+_SPECIALS = ("<|startoftext|>", "<|endoftext|>")
+
+
+def clip_tokenizer():
+    """A word-level ``CLIPTokenizer``: each word of ``VOCABULARY`` is one token, other text goes by character."""
+    from transformers import CLIPTokenizer
+
+    vocab = {token: i for i, token in enumerate(_SPECIALS)}
+    merges = []
+
+    def add(token: str) -> None:
+        vocab.setdefault(token, len(vocab))
+
+    for c in _CHARACTERS:
+        add(c)
+        add(c + "</w>")
+    for word in VOCABULARY:
+        # Spell the word left to right: ((w0 w1) w2) ... (w[:-1] w[-1]</w>), every intermediate a token.
+        prefix = word[0]
+        for i, c in enumerate(word[1:], start=1):
+            last = i == len(word) - 1
+            piece = c + "</w>" if last else c
+            merges.append((prefix, piece))
+            prefix = prefix + piece
+            add(prefix)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=CLIP_LENGTH, unk_token="<|endoftext|>",
+                              bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    return tokenizer
+
+
+def _clip_encoder(vocab_size: int, sizes: dict):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(vocab_size=vocab_size, max_position_embeddings=CLIP_LENGTH, bos_token_id=0,
+                            eos_token_id=1, pad_token_id=1, **sizes)
+    return CLIPTextModelWithProjection(config)
+
+
+def build_vae():
+    """The untrained ``AutoencoderKL``: RGB -> 4 latent channels at 1/4 resolution (scaling set by training)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
+                         block_out_channels=VAE_BLOCKS, down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
+                         up_block_types=("UpDecoderBlock2D",) * len(VAE_BLOCKS), layers_per_block=1,
+                         norm_num_groups=16, sample_size=DIGIT_SIZE[0], scaling_factor=1.0, shift_factor=0.0)
+
+
+def build_transformer():
+    """The untrained ``SD3Transformer2DModel`` (default sample size: the digit task's 8x8 latents)."""
+    from diffusers import SD3Transformer2DModel
+
+    inner = TRANSFORMER["num_attention_heads"] * TRANSFORMER["attention_head_dim"]
+    widest = max(DIGIT_SIZE[1], NUMBER_SIZE[1]) // VAE_DOWNSAMPLE // TRANSFORMER["patch_size"]
+    return SD3Transformer2DModel(sample_size=DIGIT_SIZE[0] // VAE_DOWNSAMPLE, in_channels=LATENT_CHANNELS,
+                                 out_channels=LATENT_CHANNELS, joint_attention_dim=JOINT_ATTENTION_DIM,
+                                 caption_projection_dim=inner, pooled_projection_dim=POOLED_DIM,
+                                 pos_embed_max_size=widest, **TRANSFORMER)
+
+
+def build_pipeline(seed: int = 0):
+    """An untrained MNIST-SD3 ``StableDiffusion3Pipeline`` (float32, CPU) with the final configs."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    torch.manual_seed(seed)
+    tokenizer, tokenizer_2 = clip_tokenizer(), clip_tokenizer()
+    return StableDiffusion3Pipeline(
+        transformer=build_transformer(), scheduler=FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT),
+        vae=build_vae(), text_encoder=_clip_encoder(len(tokenizer), CLIP_L), tokenizer=tokenizer,
+        text_encoder_2=_clip_encoder(len(tokenizer_2), CLIP_G), tokenizer_2=tokenizer_2,
+        text_encoder_3=None, tokenizer_3=None,
+    )

@@ -1,0 +1,184 @@
+"""MNIST-SD3: the prompt grammar, the data rendering, the component configs and the shipped pipeline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from integrations.testbed.data import load_mnist
+from integrations.testbed.mnist_sd3 import prompts as P
+from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline, clip_tokenizer
+from integrations.testbed.mnist_sd3.render import (
+    DIGIT_SIZE, NUMBER_SIZE, TINTS, classifier_view, grey, latent_shape, ocr_view, render_digits, render_numbers, tint,
+)
+
+
+# ---------------------------------------------------------------- prompt grammar
+@pytest.mark.parametrize("split", P.SPLITS)
+def test_digit_prompts_parse_back_and_cover_every_digit(split):
+    pairs = P.digit_prompts(split)
+    assert len(pairs) == 10 * len(P.digit_phrasings(split))
+    assert len({p for p, _ in pairs}) == len(pairs)
+    assert [P.parse_digit(p) for p, _ in pairs] == [d for _, d in pairs]
+    for digit in range(10):
+        assert sum(d == digit for _, d in pairs) == len(P.digit_phrasings(split))
+
+
+def test_digit_eval_phrasings_are_disjoint_from_training_but_reuse_its_templates_and_forms():
+    train, held_out = P.digit_phrasings("train"), P.digit_phrasings("eval")
+    assert set(train).isdisjoint(held_out)
+    assert sorted(train + held_out) == sorted((t, f) for t in range(len(P.DIGIT_TEMPLATES)) for f in P.FORMS)
+    assert {t for t, _ in train} == set(range(len(P.DIGIT_TEMPLATES)))
+    assert {f for _, f in train} == set(P.FORMS)
+    assert {p for p, _ in P.digit_prompts("train")}.isdisjoint(p for p, _ in P.digit_prompts("eval"))
+
+
+def test_brief_examples_parse():
+    assert P.parse_digit("a handwritten seven") == 7
+    assert P.parse_digit("a handwritten 7") == 7
+    assert P.parse_digit("the digit 0") == 0
+    assert P.parse_digit("  An image of a  handwritten EIGHT ") == 8
+    assert P.parse_number("the number 42") == "42"
+    assert P.parse_number("the number 407") == "407"
+
+
+def test_number_splits_partition_two_and_three_digit_numbers():
+    train = [n for _, n in P.number_prompts("train")]
+    held_out = [n for _, n in P.number_prompts("eval")]
+    assert set(train).isdisjoint(held_out)
+    assert sorted(map(int, train + held_out)) == list(range(10, 1000))
+    assert sum(len(n) == 2 for n in held_out) == 18 and sum(len(n) == 3 for n in held_out) == 90
+    assert held_out == [n for _, n in P.number_prompts("eval")]  # deterministic
+    assert all(P.parse_number(p) == n for p, n in P.number_prompts("eval"))
+
+
+@given(st.integers(10, 999))
+def test_number_prompt_round_trip(n):
+    assert P.parse_number(P.NUMBER_TEMPLATE.format(n)) == str(n)
+
+
+@pytest.mark.parametrize("bad", ["a handwritten 12", "a handwritten", "the digit ten", "a photo of a cat", "", "the number 7"])
+def test_parse_digit_rejects_prompts_outside_the_grammar(bad):
+    with pytest.raises(ValueError, match="not a digit prompt"):
+        P.parse_digit(bad)
+
+
+@pytest.mark.parametrize("bad", ["the number 7", "the number 1000", "the number 042", "the number forty", "a handwritten 42"])
+def test_parse_number_rejects_prompts_outside_the_grammar(bad):
+    with pytest.raises(ValueError, match="not a number prompt"):
+        P.parse_number(bad)
+
+
+def test_unknown_split_is_rejected():
+    with pytest.raises(ValueError, match="unknown split"):
+        P.digit_prompts("test")
+    with pytest.raises(ValueError, match="unknown split"):
+        P.number_prompts("judge")
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_every_vocabulary_word_is_one_token_and_numerals_are_digit_tokens():
+    tokenizer = clip_tokenizer()
+    for word in P.VOCABULARY:
+        assert tokenizer.convert_ids_to_tokens(tokenizer(word).input_ids[1:-1]) == [word + "</w>"]
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("the number 407").input_ids)
+    assert tokens == ["<|startoftext|>", "the</w>", "number</w>", "4</w>", "0</w>", "7</w>", "<|endoftext|>"]
+
+
+def test_every_prompt_fits_the_clip_length_without_unknown_tokens():
+    tokenizer = clip_tokenizer()
+    prompts = [p for s in P.SPLITS for p, _ in P.digit_prompts(s) + P.number_prompts(s)]
+    ids = tokenizer(prompts, padding="longest").input_ids
+    assert max(len(row) for row in ids) <= CLIP_LENGTH
+    # the end token doubles as unk and pad: it must occur exactly once before the padding
+    assert all(row[: row.index(tokenizer.eos_token_id) + 1].count(tokenizer.eos_token_id) == 1 for row in ids)
+    assert all(tokenizer.unk_token_id not in row[1: row.index(tokenizer.eos_token_id)] for row in ids)
+
+
+# ---------------------------------------------------------------- rendering
+def test_latent_shapes_of_both_geometries():
+    assert latent_shape(DIGIT_SIZE) == (4, 8, 8)
+    assert latent_shape(NUMBER_SIZE) == (4, 8, 24)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        latent_shape((28, 28))
+
+
+def test_rendered_digits_come_back_exactly_through_the_classifier_view_for_every_tint():
+    digits, _ = load_mnist("eval")
+    digits = digits[:25]
+    tint_ids = torch.arange(25) % len(TINTS)
+    images = render_digits(digits, tint_ids)
+    assert images.shape == (25, 3, *DIGIT_SIZE)
+    assert torch.equal(classifier_view(images), digits)
+    white = images[tint_ids == 0]
+    assert torch.equal(white[:, :1].expand(-1, 3, -1, -1), white)
+    red = images[tint_ids == 1]
+    assert red[:, 1:].abs().max() == 0 and red[:, 0].max() > 0.9
+
+
+def test_numbers_are_drawn_with_real_digits_of_the_right_classes_at_their_positions():
+    digits, labels = load_mnist("eval")
+    numbers = ["42", "407", "10", "999"]
+    images = render_numbers(digits, labels, numbers, torch.Generator().manual_seed(0))
+    assert images.shape == (4, 3, *NUMBER_SIZE)
+    g = grey(images)
+    # columns without any digit stay black; a three-digit number is wider than a two-digit one
+    ink = (g[:, 0].amax(dim=1) > 0).float()  # (4, W)
+    assert ink[1].sum() > ink[0].sum()
+    # the middle digit of "407" is a real MNIST zero: its 28x28 window is one of the pool's zeros
+    from integrations.testbed.mnist_sd3.render import MNIST_SIDE, NUMBER_STRIDE
+    left = (NUMBER_SIZE[1] - MNIST_SIDE - 2 * NUMBER_STRIDE) // 2
+    again = render_numbers(digits, labels, numbers, torch.Generator().manual_seed(0))
+    assert torch.equal(images, again)
+    first_window = g[3, :, 2:30, left:left + MNIST_SIDE]  # "999" leftmost digit, overlapped only on its right
+    nines = digits[labels == 9][:, :, :, : NUMBER_STRIDE]
+    assert (nines == first_window[None, :, :, : NUMBER_STRIDE]).flatten(1).all(1).any()
+
+
+@pytest.mark.parametrize("bad", [[], ["7"], ["1000"], ["4a"]])
+def test_render_numbers_rejects_bad_numbers(bad):
+    digits, labels = load_mnist("eval")
+    with pytest.raises(ValueError, match="numbers must be"):
+        render_numbers(digits, labels, bad)
+
+
+def test_ocr_view_inverts_and_upscales():
+    images = torch.zeros(2, 3, *NUMBER_SIZE)
+    images[:, 0, 10:20, 30:40] = 1.0
+    view = ocr_view(images, scale=2)
+    assert view.shape == (2, 3, 64, 192)
+    assert view[:, :, 0, 0].eq(1).all() and view[:, :, 30, 70].eq(0).all()
+
+
+def test_tint_rejects_bad_ids():
+    with pytest.raises(ValueError, match="tint_ids"):
+        tint(torch.zeros(2, 1, 4, 4), torch.tensor([0, 5]))
+
+
+# ---------------------------------------------------------------- untrained pipeline configs
+@pytest.fixture(scope="module")
+def untrained():
+    return build_pipeline(seed=0)
+
+
+def test_untrained_pipeline_has_the_final_geometry(untrained):
+    assert untrained.vae_scale_factor == 4
+    assert untrained.text_encoder_3 is None
+    latents = untrained.vae.encode(torch.zeros(1, 3, *NUMBER_SIZE)).latent_dist.mean
+    assert latents.shape == (1, *latent_shape(NUMBER_SIZE))
+    embeds, _, pooled, _ = untrained.encode_prompt("the number 42", None, None, do_classifier_free_guidance=False,
+                                                   max_sequence_length=0)
+    assert embeds.shape == (1, CLIP_LENGTH, untrained.transformer.config.joint_attention_dim)
+    assert pooled.shape == (1, untrained.transformer.config.pooled_projection_dim)
+    sizes = {name: sum(p.numel() for p in getattr(untrained, name).parameters())
+             for name in ("vae", "transformer", "text_encoder", "text_encoder_2")}
+    assert 0.5e6 < sizes["vae"] < 1.5e6 and 2e6 < sizes["transformer"] < 3e6
+
+
+def test_build_is_deterministic_in_the_seed():
+    a, b = build_pipeline(seed=3), build_pipeline(seed=3)
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        for (k, x), (_, y) in zip(getattr(a, name).state_dict().items(), getattr(b, name).state_dict().items()):
+            assert torch.equal(x, y), (name, k)
