@@ -62,7 +62,8 @@ class Algorithm:
         """Exactly one gradient step per rollout (one epoch, one minibatch)."""
         optim = self.config.optim
         batch = self.config.prompts_per_iteration * self.config.group_size
-        return optim.epochs == 1 and (optim.minibatch_size is None or optim.minibatch_size >= batch)
+        one_minibatch = optim.minibatches in (None, 1) and (optim.minibatch_size is None or optim.minibatch_size >= batch)
+        return optim.epochs == 1 and one_minibatch
 
     def rollout_model(self) -> nn.Module:
         """The policy that generates the rollout (the behaviour policy)."""
@@ -82,8 +83,9 @@ class Algorithm:
     def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
         return self.loss_module(minibatch)
 
-    def after_iteration(self, iteration: int) -> None:
-        """Called once the gradient steps of ``iteration`` are done."""
+    def after_iteration(self, iteration: int, grad_steps: int) -> None:
+        """Called once the gradient steps of ``iteration`` are done; ``grad_steps``: gradient steps taken so far
+        in the run (this iteration's included)."""
 
     def nfe(self) -> dict[str, int]:
         """Model evaluations per sample and iteration: ``rollout``, ``prepare`` (no grad) and ``update`` (with

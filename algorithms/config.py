@@ -19,6 +19,8 @@ from integrations.distributed import STRATEGIES
 from vgrpo_lib.advantages import SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.samplers import ODE_SOLVERS
+from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS
+from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
 from vgrpo_lib.weighting import WEIGHTINGS
@@ -41,9 +43,16 @@ class OptimConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     epochs: int = 1  # passes over the rollout per iteration
-    minibatch_size: int | None = None  # None: the whole rollout in one gradient step per epoch
+    minibatch_size: int | None = None  # rows per gradient step (None: the whole rollout in one gradient step per epoch)
+    # or: this many gradient steps per epoch, each on an equal share of the rows (the official Flow-GRPO batching:
+    # 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage); exclusive with minibatch_size
+    minibatches: int | None = None
     micro_batch_size: int | None = None  # rows per forward/backward inside a minibatch (gradient accumulation)
     max_nonfinite_steps: int = 5  # abort after this many consecutive skipped (non-finite) steps
+    # EMA of the trained weights, evaluated in their place (official Flow-GRPO and DiffusionNFT: 0.9, with the
+    # warm-up min((1 + s) / (10 + s), ema_decay)); None: off
+    ema_decay: float | None = None
+    ema_every: int = 1  # gradient steps between EMA updates (official Flow-GRPO 8, DiffusionNFT 1)
 
 
 @dataclass
@@ -51,6 +60,7 @@ class AdvantageConfig:
     scale: str = "group"  # group | batch | none | rank | trimmed
     soft_clip: float | None = None  # eta of eta * tanh(A / eta)
     clip: float | None = None
+    eps: float = 1e-6  # added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4)
 
 
 @dataclass
@@ -74,7 +84,11 @@ class FlowGRPOConfig:
     clip_epsilon: float = 1e-4
     log_prob_reduction: str = "mean"
     adv_clip: float = 5.0
-    kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (anchor: 0.01-0.04)
+    kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
+    kl_form: str = "exact"  # exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss)
+    timestep_fraction: float = 1.0  # train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10)
+    filter_zero_advantage: bool = False  # official: samples with advantage exactly 0 are not trained
+    cfg_scale: float = 1.0  # classifier-free guidance in rollout and loss, uncond branch detached (official: 4.5)
     window_size: int | None = None  # MixGRPO: SDE only inside a sliding window of this many steps
     window_shift_interval: int = 25
 
@@ -83,10 +97,15 @@ class FlowGRPOConfig:
 class DiffusionNFTConfig:
     strength: float = 1.0  # b, the implicit-policy mixing strength
     adv_max: float = 5.0
-    num_pairs: int | None = None  # training timesteps per sample per step (None: every rollout step once)
+    adv_mode: str = "all"  # all | positive_only | negative_only | one_only | binary (official variants)
+    # train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: 9 of 10)
+    timestep_fraction: float = 1.0
     weighting: str = "adaptive_x"
-    decay_rate: float = 0.001  # old policy: d = min(decay_rate * iteration, decay_max)
+    # old policy: d = 0 for the first decay_flat gradient steps, then min(decay_rate * (steps - decay_flat),
+    # decay_max), steps = gradient steps so far (official type 1: 0.001, 0.5, 0; type 2: 0.0075, 0.999, 75)
+    decay_rate: float = 0.001
     decay_max: float = 0.5
+    decay_flat: int = 0
     kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
 
 
@@ -197,6 +216,19 @@ def validate(config: TrainConfig) -> None:
     window = config.flow_grpo.window_size
     if window is not None and not 1 <= window <= config.rollout.num_steps:
         raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={config.rollout.num_steps}, got {window}.")
+    for key in ("flow_grpo.timestep_fraction", "diffusion_nft.timestep_fraction"):
+        fraction = _get(config, key)
+        if not (0 < fraction <= 1 and int(config.rollout.num_steps * fraction) >= 1):
+            raise ValueError(
+                f"{key} must be in (0, 1] and leave at least one of rollout.num_steps={config.rollout.num_steps} "
+                f"steps to train, got {fraction}."
+            )
+    if window is not None and config.flow_grpo.timestep_fraction != 1.0:
+        raise ValueError("flow_grpo.timestep_fraction and flow_grpo.window_size both choose the trained steps: set one.")
+    if config.optim.minibatches is not None and config.optim.minibatch_size is not None:
+        raise ValueError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
+    if config.optim.ema_decay is not None and config.distributed.strategy == "fsdp2":
+        raise ValueError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
     _validate_options_and_ranges(config)
 
 
@@ -209,6 +241,8 @@ OPTIONS = {
     "vgrpo.weighting": tuple(WEIGHTINGS),
     "vgrpo.noise": NOISE_SCHEMES,
     "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
+    "flow_grpo.kl_form": FLOW_GRPO_KL_FORMS,
+    "diffusion_nft.adv_mode": NFT_ADVANTAGE_MODES,
     "diffusion_nft.weighting": tuple(WEIGHTINGS),
     "distributed.strategy": STRATEGIES,
     "precision": PRECISIONS,
@@ -242,18 +276,19 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     positive = lambda v: v > 0  # noqa: E731
     non_negative = lambda v: v >= 0  # noqa: E731
     for key in ("optim.max_grad_norm", "rollout.shift", "advantage.soft_clip", "advantage.clip", "flow_grpo.noise_level",
-                "flow_grpo.adv_clip", "diffusion_nft.strength", "diffusion_nft.adv_max"):
+                "flow_grpo.adv_clip", "flow_grpo.cfg_scale", "diffusion_nft.strength", "diffusion_nft.adv_max"):
         need(key, positive, "> 0")
-    for key in ("optim.weight_decay", "vgrpo.clip_high", "vgrpo.kl_coef",
+    for key in ("optim.weight_decay", "advantage.eps", "diffusion_nft.decay_flat", "vgrpo.clip_high", "vgrpo.kl_coef",
                 "vgrpo.ref_kl_coef", "flow_grpo.clip_epsilon", "flow_grpo.kl_coef", "diffusion_nft.decay_rate",
                 "diffusion_nft.kl_coef"):
         need(key, non_negative, ">= 0")
-    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "diffusion_nft.num_pairs", "model.lora_rank",
+    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every", "model.lora_rank",
                 "model.lora_alpha", "model.max_sequence_length", "model.batch_size"):
         need(key, lambda v: v >= 1, ">= 1")
     need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
     need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
+    need("optim.ema_decay", lambda v: 0 <= v <= 1, "in [0, 1]")
     if config.vgrpo.noise == "antithetic" and config.vgrpo.num_pairs % 2:
         raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {config.vgrpo.num_pairs}.")
     need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")

@@ -2,10 +2,13 @@
 
     rollout   the OLD policy (the behaviour policy: a soft copy of the trained one; with LoRA a second adapter
               of the same transformer) with a deterministic ODE solver; only clean samples are kept
-    loss      DiffusionNFTLoss on fresh timestep-noise pairs each gradient step (timesteps from the rollout
-              grid, every step once by default): implicit positive / negative policies weighted by the
-              optimality r(A)
-    after     theta_old <- d theta_old + (1 - d) theta with d = min(rate * iteration, max)
+    loss      DiffusionNFTLoss on fresh timestep-noise pairs each gradient step: ``int(num_steps *
+              timestep_fraction)`` distinct timesteps of the rollout grid per sample (official: 0.99, 9 of 10;
+              1.0: every step once), implicit positive / negative policies weighted by the optimality r(A)
+              (``adv_mode`` variants as in the official code)
+    after     theta_old <- d theta_old + (1 - d) theta, d from :class:`~vgrpo_lib.control.OldPolicyDecay` of the
+              gradient steps taken so far (type 1: min(0.001 step, 0.5); type 2: flat 75 steps, then 0.0075 per
+              step up to 0.999)
 
 Cost per sample and iteration: rollout steps + 2 forwards (trained and old policy) per pair per epoch.
 """
@@ -16,7 +19,7 @@ from algorithms.base import Algorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import DiffusionNFTLoss
-from vgrpo_lib.timesteps import DiscreteGrid
+from vgrpo_lib.timesteps import GridSubset
 
 
 class DiffusionNFT(Algorithm):
@@ -25,9 +28,9 @@ class DiffusionNFT(Algorithm):
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
         c = config.diffusion_nft
-        self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)
-        self.num_pairs = c.num_pairs or config.rollout.num_steps
-        training_times = DiscreteGrid(self.grid[:-1], stratified=True)
+        self.decay = OldPolicyDecay(c.decay_rate, c.decay_max, c.decay_flat)
+        self.num_pairs = int(config.rollout.num_steps * c.timestep_fraction)
+        training_times = GridSubset(self.grid[:-1])
         self.estimator = ELBOSurrogate(self.num_pairs, training_times, sharing="none", weighting=c.weighting)
         self.loss_module = DiffusionNFTLoss(
             self.policy,
@@ -35,6 +38,7 @@ class DiffusionNFT(Algorithm):
             self.estimator,
             strength=c.strength,
             adv_max=c.adv_max,
+            adv_mode=c.adv_mode,
             ref_model=self.reference if c.kl_coef is not None else None,
             kl_coef=c.kl_coef,
         )
@@ -56,8 +60,8 @@ class DiffusionNFT(Algorithm):
         minibatch["pairs"] = self.shard.local(pairs)
         return self.loss_module(minibatch)
 
-    def after_iteration(self, iteration: int) -> None:
-        self.behaviour.update_(self.decay(iteration))
+    def after_iteration(self, iteration: int, grad_steps: int) -> None:
+        self.behaviour.update_(self.decay(grad_steps))
 
     def nfe(self) -> dict[str, int]:
         per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)

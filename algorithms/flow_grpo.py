@@ -1,11 +1,16 @@
 """Flow-GRPO (Liu et al., 2025): generation as a T-step MDP through an SDE with the ODE's marginals.
 
     rollout   the SDE sampler, recording each stochastic transition (z, z') and its log-density under the
-              behaviour policy (MixGRPO: SDE steps only inside a sliding window, ODE elsewhere)
-    prepare   one training row per recorded transition, carrying its sample's advantage
+              behaviour policy (MixGRPO: SDE steps only inside a sliding window, ODE elsewhere), with CFG when
+              ``cfg_scale`` is not 1 (the official recipe: 4.5)
+    prepare   one training row per trained transition, carrying its sample's advantage: the first
+              ``int(num_steps * timestep_fraction)`` steps (official: 0.99, i.e. 9 of 10), and only samples with
+              a non-zero advantage when ``filter_zero_advantage`` (official)
     loss      FlowGRPOLoss: per-transition clipped ratio, optional closed-form Gaussian KL to the base policy
+              (``kl_form``: exact, or the official per-step form); with CFG the unconditional branch is detached
 
-Cost per sample and iteration: rollout steps + one forward per trained transition per epoch.
+Cost per sample and iteration: rollout steps + one forward per trained transition per epoch (each doubled by
+CFG, and by the reference's forward when a KL is on).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from tensordict import TensorDict
 from algorithms.base import Algorithm, expand_rows
 from vgrpo_lib.control import SDEWindow
 from vgrpo_lib.losses import FlowGRPOLoss
-from vgrpo_lib.samplers import sample_sde
+from vgrpo_lib.samplers import classifier_free_guidance, sample_sde
 
 
 class FlowGRPO(Algorithm):
@@ -30,14 +35,20 @@ class FlowGRPO(Algorithm):
             if c.window_size is None
             else SDEWindow(config.rollout.num_steps, c.window_size, shift_interval=c.window_shift_interval)
         )
+        if c.cfg_scale != 1.0 and policies.null_cond is None:
+            raise ValueError(f"flow_grpo.cfg_scale={c.cfg_scale} needs a task with an unconditional condition (null_cond).")
+        # Rollout and loss see the guided velocity; its unconditional branch carries no gradient (official).
+        self.guided_policy = classifier_free_guidance(self.policy, policies.null_cond, c.cfg_scale, detach_uncond=True)
+        reference = None if c.kl_coef is None else classifier_free_guidance(self.reference, policies.null_cond, c.cfg_scale)
         self.loss_module = FlowGRPOLoss(
-            self.policy,
+            self.guided_policy,
             clip_epsilon=c.clip_epsilon,
             noise_level=c.noise_level,
             log_prob_reduction=c.log_prob_reduction,
             adv_clip=c.adv_clip,
-            ref_model=self.reference if c.kl_coef is not None else None,
+            ref_model=reference,
             kl_coef=c.kl_coef,
+            kl_form=c.kl_form,
         )
 
     @staticmethod
@@ -49,7 +60,7 @@ class FlowGRPO(Algorithm):
         c = self.config.flow_grpo
         noise = self.shard.randn((group.shape[0], *self.sample_shape), generator)
         sample, trajectory = sample_sde(
-            self.policy,
+            self.guided_policy,
             noise,
             self.grid,
             cond,
@@ -65,7 +76,9 @@ class FlowGRPO(Algorithm):
         )
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
-        trajectory = batch["trajectory"]
+        if self.config.flow_grpo.filter_zero_advantage:
+            batch = self._filter_zero_advantage(batch, generator)
+        trajectory = batch["trajectory"][:, : self.trained_steps()]
         steps = trajectory.shape[1]
         rows = trajectory.exclude("log_prob")
         rows["old_log_prob"] = trajectory["log_prob"]
@@ -73,9 +86,33 @@ class FlowGRPO(Algorithm):
         rows["cond"] = expand_rows(batch["cond"], steps)
         return rows.reshape(-1)
 
+    def _filter_zero_advantage(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
+        """The official filter (``scripts/train_sd3.py``): samples whose advantage is exactly 0 (groups with equal
+        rewards) are not trained. As there, random zero-advantage samples are kept back so that the count is a
+        multiple of the minibatches; when every advantage is 0 the batch is kept whole (its policy gradient is
+        0; the official would fail on an empty batch)."""
+        if self.shard.world_size > 1 and self.config.optim.minibatch_size is not None:
+            raise ValueError(
+                "flow_grpo.filter_zero_advantage leaves each process its own number of rows: with several processes "
+                "set optim.minibatches (a number of gradient steps) instead of optim.minibatch_size."
+            )
+        keep = batch["advantage"] != 0
+        kept = int(keep.sum())
+        if kept == 0:
+            return batch
+        short = -kept % (self.config.optim.minibatches or 1)
+        if short:
+            zero = (~keep).nonzero().squeeze(1)
+            keep[zero[torch.randperm(zero.numel(), generator=generator)[:short]]] = True
+        return batch[keep]
+
     def trained_steps(self) -> int:
-        return self.config.rollout.num_steps if self.window is None else self.window.size
+        if self.window is not None:
+            return self.window.size
+        return int(self.config.rollout.num_steps * self.config.flow_grpo.timestep_fraction)
 
     def nfe(self) -> dict[str, int]:
-        per_epoch = self.trained_steps() * (2 if self.needs_reference(self.config) else 1)
-        return {"rollout": self.config.rollout.num_steps, "prepare": 0, "update": per_epoch * self.config.optim.epochs}
+        guidance = 2 if self.config.flow_grpo.cfg_scale != 1.0 else 1
+        per_epoch = self.trained_steps() * guidance * (2 if self.needs_reference(self.config) else 1)
+        return {"rollout": self.config.rollout.num_steps * guidance, "prepare": 0,
+                "update": per_epoch * self.config.optim.epochs}

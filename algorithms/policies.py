@@ -1,18 +1,24 @@
 """The versions of the policy an algorithm works with.
 
-    Policies(trained, reference=None, behaviour=None)
+    Policies(trained, reference=None, behaviour=None, null_cond=None)
 
 - ``trained``: the policy being optimised (wrapped for multi-process training: DDP or FSDP2);
 - ``reference``: the frozen base policy, for KL terms (the task's ``reference_policy``: a copy on the testbed,
   the same transformer with its LoRA adapters switched off for a diffusers task);
 - ``behaviour``: a frozen policy that trails the trained one by soft updates (DiffusionNFT's old policy), a
   :class:`BehaviourPolicy`. Tasks may provide their own (``task.behaviour_policy(policy)``: a second LoRA
-  adapter in the same transformer for a diffusers task); otherwise it is a :class:`CopiedBehaviour`.
+  adapter in the same transformer for a diffusers task); otherwise it is a :class:`CopiedBehaviour`;
+- ``null_cond``: the task's ``cond -> unconditional cond`` (``task.null_cond``), from which an algorithm builds
+  the classifier-free-guided version of a policy; None where the task has none.
+
+:class:`WeightEMA` keeps an exponential moving average of the trained weights (evaluated in their place).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +26,7 @@ import torch
 from torch import nn
 
 from integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
-from vgrpo_lib.control import ema_update_
+from vgrpo_lib.control import EMAWarmupDecay, ema_update_
 
 
 class BehaviourPolicy(Protocol):
@@ -79,3 +85,42 @@ class Policies:
     trained: nn.Module
     reference: object | None = None
     behaviour: BehaviourPolicy | None = None
+    null_cond: Callable | None = None
+
+
+class WeightEMA:
+    """An exponential moving average of the trained parameters, as the official Flow-GRPO and DiffusionNFT keep
+    (``EMAModuleWrapper``): after gradient step ``s`` (1-based count of steps taken), when ``(s + 1) % every == 0``
+    (Flow-GRPO: every 8, DiffusionNFT: every 1), ``ema <- d ema + (1 - d) theta`` with
+    ``d = min((1 + s) / (10 + s), max_decay)`` (:class:`vgrpo_lib.control.EMAWarmupDecay`). Evaluation runs on the
+    average (:meth:`swapped_in`); training continues on the raw weights.
+    """
+
+    def __init__(self, parameters, max_decay: float, every: int = 1):
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.average = [p.detach().clone() for p in self.parameters]
+        self.decay, self.every = EMAWarmupDecay(max_decay), every
+
+    def update(self, step: int) -> None:
+        if (step + 1) % self.every == 0:
+            ema_update_(self.average, self.parameters, self.decay(step))
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The average in the parameters' place inside the block, the trained values restored after it."""
+        with torch.no_grad():
+            for param, average in zip(self.parameters, self.average):
+                param.data, average.data = average.data, param.data
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for param, average in zip(self.parameters, self.average):
+                    param.data, average.data = average.data, param.data
+
+    def state_dict(self) -> dict:
+        return {"average": [a.clone() for a in self.average]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for average, saved in zip(self.average, state["average"], strict=True):
+            average.copy_(saved)

@@ -1,6 +1,15 @@
-"""Named settings: the testbed defaults per algorithm, and the paper's SD3.5-M / FLUX.1-dev settings.
+"""Named settings: the testbed defaults per algorithm, the official settings of each algorithm's public code, and
+the paper's SD3.5-M / FLUX.1-dev settings.
 
 A preset is a list of ``key=value`` overrides applied before the user's own (see :mod:`algorithms.config`).
+
+- ``testbed``: each algorithm's testbed default (``TESTBED``);
+- ``official``: the testbed default plus every algorithm setting of the official code (``OFFICIAL``: loss, KL,
+  advantages, trained timesteps, EMA, weight decay, batching into gradient steps), at the testbed's batch;
+- ``official-sd3.5-medium``: ``OFFICIAL`` at the official SD3.5-M scale (``OFFICIAL_SD3``: 48 prompts x 24
+  samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task.
+
+The README's fidelity table lists each official setting, where it was read and what stands for it here.
 The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
 need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :func:`algorithms.tasks.load_task`).
 """
@@ -19,6 +28,44 @@ TESTBED = {
     "diffusion_nft": ["optim.lr=1e-4", "iterations=100"],
 }
 
+OFFICIAL = {
+    # yifan123/flow_grpo, config/grpo.py (geneval_sd3, general_ocr_sd3; pickscore_sd3 has beta 0.01) over
+    # config/base.py, and scripts/train_sd3.py: global-std advantages with eps 1e-4 (PerPromptStatTracker,
+    # global_std=True), clip range 1e-4 on mean log-densities, advantages clipped to 5, beta 0.04 with the official
+    # KL form, 9 of 10 SDE steps trained, zero-advantage samples filtered, CFG 4.5 in rollout and loss (uncond
+    # detached), EMA 0.9 every 8 steps for evaluation, AdamW weight decay 1e-4, two gradient steps per rollout.
+    "flow_grpo": [
+        "advantage.scale=batch", "advantage.eps=1e-4", "flow_grpo.clip_epsilon=1e-4", "flow_grpo.adv_clip=5",
+        "flow_grpo.noise_level=0.7", "flow_grpo.log_prob_reduction=mean", "flow_grpo.kl_coef=0.04",
+        "flow_grpo.kl_form=flow_grpo", "flow_grpo.timestep_fraction=0.99", "flow_grpo.filter_zero_advantage=true",
+        "flow_grpo.cfg_scale=4.5", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.weight_decay=1e-4",
+        "optim.minibatch_size=none", "optim.minibatches=2", "optim.epochs=1",
+    ],
+    # NVlabs/DiffusionNFT, config/nft.py (_get_config, sd3_geneval / sd3_pickscore) over config/base.py, and
+    # scripts/train_nft_sd3.py: global-std advantages with eps 1e-4, Amax 5, b = 1, adv_mode "all", a velocity
+    # KL of 1e-4 to the base, 9 of 10 rollout timesteps per sample, decay type 1 counted in gradient steps, EMA 0.9
+    # every step, weight decay 1e-4, one gradient step per rollout, CFG-free second-order deterministic rollout.
+    "diffusion_nft": [
+        "advantage.scale=batch", "advantage.eps=1e-4", "diffusion_nft.adv_max=5", "diffusion_nft.strength=1.0",
+        "diffusion_nft.adv_mode=all", "diffusion_nft.kl_coef=1e-4", "diffusion_nft.timestep_fraction=0.99",
+        "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0",
+        "optim.ema_decay=0.9", "optim.ema_every=1", "optim.weight_decay=1e-4", "optim.minibatch_size=none",
+        "optim.minibatches=1", "optim.epochs=1", "rollout.solver=dpmpp_2m",
+    ],
+    # The V-GRPO paper (no public code): K = 4 group-shared stratified pairs with adaptive x weighting, one
+    # gradient step per rollout with soft-clipped advantages (eta 3), no KL in the preference stages.
+    "vgrpo": [
+        "vgrpo.num_pairs=4", "vgrpo.sharing=group", "vgrpo.timesteps=stratified", "vgrpo.weighting=adaptive_x",
+        "advantage.soft_clip=3.0", "vgrpo.ref_kl_coef=none", "optim.minibatch_size=none", "optim.epochs=1",
+    ],
+}
+# The official SD3.5-Medium scale shared by the three (flow_grpo config/grpo.py and DiffusionNFT config/nft.py:
+# 48 groups of 24 per iteration, 10 training steps, 40 evaluation steps, lr 3e-4, 512 px).
+OFFICIAL_SD3 = [
+    "task=sd3.5-medium", "group_size=24", "prompts_per_iteration=48", "rollout.num_steps=10", "eval.num_steps=40",
+    "optim.lr=3e-4", "model.image_size=512",
+]
+
 PAPER = {
     # SD3.5-M preference stage: LoRA r=32 (integrations), lr 3e-4, G=24, 48 prompts, K=4, one step, eta=3,
     # 40-step ODE rollout without CFG on the pipeline scheduler's grid (rollout.shift unset: SD3's shift 3).
@@ -34,13 +81,19 @@ PAPER = {
     ],
 }
 
-PRESETS = ("testbed", *PAPER)
+PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER)
 
 
 def preset_overrides(preset: str, algo: str) -> list[str]:
     """Overrides of ``preset`` for ``algo``; unknown presets raise a ValueError listing the valid ones."""
     if preset == "testbed":
         return list(TESTBED[algo])
+    if preset in ("official", "official-sd3.5-medium") and algo not in OFFICIAL:
+        raise ValueError(f"No official settings for {algo!r}; the {preset!r} preset covers {', '.join(OFFICIAL)}.")
+    if preset == "official":
+        return [*TESTBED[algo], *OFFICIAL[algo]]
+    if preset == "official-sd3.5-medium":
+        return [*OFFICIAL[algo], *OFFICIAL_SD3]
     if preset in PAPER:
         return list(PAPER[preset])
     raise ValueError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")

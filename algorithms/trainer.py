@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 import warnings
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacem
 from tqdm.auto import tqdm
 
 from algorithms.config import TrainConfig
-from algorithms.policies import Policies, make_behaviour
+from algorithms.policies import Policies, WeightEMA, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.run_dir import RunDir, pyplot, save_figure
 from algorithms.tasks import load_task, repeat_each, rollout_grid
@@ -97,7 +98,8 @@ class Trainer:
         strategy = config.distributed.strategy
         # DDP's constructor is a collective: no rank passes it before every rank has checked the run directory.
         # FSDP2 shards self.policy in place (the optimizer below then holds the local shards).
-        policies = Policies(wrap_model(self.policy, strategy), shard_frozen(reference, strategy), behaviour)
+        policies = Policies(wrap_model(self.policy, strategy), shard_frozen(reference, strategy), behaviour,
+                            null_cond=getattr(self.task, "null_cond", None))
         if behaviour is not None:
             behaviour.shard(strategy)
         self.device_type = next(self.policy.parameters()).device.type  # where the policy computes (autocast)
@@ -106,9 +108,11 @@ class Trainer:
         self.algorithm.shard = self.shard
         self.reward_fn = self.task.reward()
         a = config.advantage
-        self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip)
+        self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip, eps=a.eps)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+        o = config.optim
+        self.ema = None if o.ema_decay is None else WeightEMA(self.policy.parameters(), o.ema_decay, o.ema_every)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.iteration = 0
         # train_seconds: wall-clock of the iterations (evaluation excluded); train_cpu_s: the process's CPU time
@@ -142,6 +146,7 @@ class Trainer:
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "counters": dict(self.counters),
+            **({} if self.ema is None else {"ema": self.ema.state_dict()}),
         }
 
     def _load_state(self, state: dict) -> None:
@@ -152,6 +157,8 @@ class Trainer:
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.counters = {**self.counters, **state["counters"]}  # counters added since the checkpoint start at 0
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
         self.metrics = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < self.iteration]
         self.evaluations = [e for e in self.run.read_jsonl("eval.jsonl") if e["iteration"] <= self.iteration]
 
@@ -189,9 +196,13 @@ class Trainer:
 
     def _update(self, rows) -> dict[str, float]:
         optim = self.config.optim
-        # Each process takes its share of a global minibatch from its own rows; one minibatch covering all rows is
-        # not shuffled (the order is irrelevant to the step, and a multi-process run then matches a single one).
-        minibatch = rows.shape[0] if optim.minibatch_size is None else optim.minibatch_size // self.shard.world_size
+        # Each process takes its share of a global minibatch from its own rows (or 1/minibatches of its rows); one
+        # minibatch covering all rows is not shuffled (the order is irrelevant to the step, and a multi-process run
+        # then matches a single one).
+        if optim.minibatch_size is not None:
+            minibatch = optim.minibatch_size // self.shard.world_size
+        else:
+            minibatch = -(-rows.shape[0] // (optim.minibatches or 1))
         buffer = ReplayBuffer(
             storage=LazyTensorStorage(rows.shape[0]),
             sampler=SamplerWithoutReplacement(drop_last=False, shuffle=minibatch < rows.shape[0]),
@@ -210,6 +221,8 @@ class Trainer:
                     self.optimizer.step()
                     self.counters["grad_steps"] += 1
                     self.counters["nonfinite_in_a_row"] = 0
+                    if self.ema is not None:
+                        self.ema.update(self.counters["grad_steps"])
                 else:
                     self.optimizer.zero_grad(set_to_none=True)
                     self.counters["skipped_steps"] += 1
@@ -268,7 +281,7 @@ class Trainer:
             rows = self.algorithm.prepare(batch, self.generator)
         prepared = clock()
         losses = self._update(rows)
-        self.algorithm.after_iteration(self.iteration)
+        self.algorithm.after_iteration(self.iteration, self.counters["grad_steps"])
         updated = clock()
         nfe = self.algorithm.nfe()
         self.counters["nfe"] += sum(nfe.values())
@@ -302,13 +315,15 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
-        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training, scored, recorded and
+        """CFG-free ODE samples on held-out seeds (``eval.seed``), more steps than training (of the EMA weights when
+        ``optim.ema_decay`` is set), scored, recorded and
         written as a sample grid by rank 0. Under FSDP2 every rank must call it (the sharded policy's forwards are
         collectives); the other ranks only take part in the sampling and return None."""
         e = self.config.eval
         prompts = self.task.eval_prompts(e.per_prompt)
         generator = torch.Generator().manual_seed(e.seed)
-        images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
+        with nullcontext() if self.ema is None else self.ema.swapped_in():
+            images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
         if not self.shard.is_main:
             return None
         result = self.task.evaluate(images, prompts)

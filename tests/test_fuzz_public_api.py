@@ -920,12 +920,18 @@ FLOAT_RULES = {  # key -> out-of-range values (NaN/inf are refused for every flo
     "diffusion_nft.decay_rate": ["-0.001"],
     "diffusion_nft.decay_max": ["1.5", "-0.1"],
     "diffusion_nft.kl_coef": ["-1e-4"],
+    "diffusion_nft.timestep_fraction": ["0", "1.5"],
+    "flow_grpo.timestep_fraction": ["0", "1.5"],
+    "flow_grpo.cfg_scale": ["0", "-1"],
+    "optim.ema_decay": ["1.5", "-0.1"],
+    "advantage.eps": ["-1e-4"],
 }
 INT_RULES = {  # key -> out-of-range values
     "iterations": ["0", "-1"], "prompts_per_iteration": ["0"], "group_size": ["1", "0"], "checkpoint_every": ["0"],
     "reward_retries": ["-1"], "rollout.num_steps": ["0"], "optim.epochs": ["0"], "optim.minibatch_size": ["0"],
     "optim.max_nonfinite_steps": ["0"], "vgrpo.num_pairs": ["0", "-4"], "vgrpo.chunk_size": ["0"],
-    "flow_grpo.window_size": ["0", "1000"], "flow_grpo.window_shift_interval": ["0"], "diffusion_nft.num_pairs": ["0"],
+    "flow_grpo.window_size": ["0", "1000"], "flow_grpo.window_shift_interval": ["0"],
+    "optim.minibatches": ["0"], "optim.ema_every": ["0"], "diffusion_nft.decay_flat": ["-1"],
     "eval.every": ["-1"], "eval.per_prompt": ["0"], "eval.num_steps": ["0"],
     "model.lora_rank": ["0"], "model.lora_alpha": ["-8"], "model.max_sequence_length": ["0"], "model.batch_size": ["0"],
 }

@@ -128,19 +128,47 @@ def exceeds_kl(approx_kl: float, max_kl: float | None) -> bool:
 
 @dataclass(frozen=True)
 class OldPolicyDecay:
-    """DiffusionNFT's soft-update decay ``d(step) = min(rate * step, max_decay)`` (official: 0.001, 0.5)."""
+    """DiffusionNFT's soft-update decay of the old policy, a function of the gradient steps taken so far:
+
+        d(step) = 0                                   for step < flat
+                  min(rate * (step - flat), max_decay) otherwise
+
+    The official ``return_decay`` (NVlabs/DiffusionNFT, ``scripts/train_nft_sd3.py``) is applied after each
+    iteration with ``step`` = the gradient steps done (its ``global_step``), so the first update already
+    uses ``rate * steps_per_iteration``. Type 1 (default): ``rate=0.001, max_decay=0.5, flat=0``; type 2 (the
+    OCR preset): ``rate=0.0075, max_decay=0.999, flat=75``; type 0: ``rate=0`` (a hard copy every iteration).
+    """
 
     rate: float = 0.001
     max_decay: float = 0.5
+    flat: int = 0
 
     def __post_init__(self):
         if not 0.0 <= self.rate < math.inf:
             raise ValueError(f"OldPolicyDecay rate must be finite and >= 0, got {self.rate}.")
         if not 0.0 <= self.max_decay <= 1.0:
             raise ValueError(f"OldPolicyDecay max_decay must be in [0, 1], got {self.max_decay}.")
+        if not isinstance(self.flat, int) or self.flat < 0:
+            raise ValueError(f"OldPolicyDecay flat must be an integer >= 0, got {self.flat!r}.")
 
     def __call__(self, step: int) -> float:
-        return min(self.rate * step, self.max_decay)
+        return 0.0 if step < self.flat else min(self.rate * (step - self.flat), self.max_decay)
+
+
+@dataclass(frozen=True)
+class EMAWarmupDecay:
+    """Decay of an EMA of the trained weights with a warm-up: ``d(step) = min((1 + step) / (10 + step), max_decay)``
+    (the official Flow-GRPO / DiffusionNFT ``EMAModuleWrapper.get_current_decay``, ``max_decay`` 0.9 there), so
+    early averages follow the weights closely."""
+
+    max_decay: float = 0.9
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_decay <= 1.0:
+            raise ValueError(f"EMA max_decay must be in [0, 1], got {self.max_decay}.")
+
+    def __call__(self, step: int) -> float:
+        return min((1.0 + step) / (10.0 + step), self.max_decay)
 
 
 @torch.no_grad()

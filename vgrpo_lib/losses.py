@@ -19,6 +19,7 @@ from torchrl.objectives import LossModule
 from vgrpo_lib._checks import check_key, check_non_negative, check_positive, check_real, choose
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
+    NFT_ADVANTAGE_MODES,
     clip_fraction,
     clip_fraction_active,
     clipped_ratio_objective,
@@ -31,6 +32,8 @@ from vgrpo_lib.objectives import (
 )
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, check_noise_level, gaussian_log_prob, step_mean_std
 from vgrpo_lib.weighting import mean_over_data
+
+FLOW_GRPO_KL_FORMS = ("exact", "flow_grpo")
 
 
 def _clip_range(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
@@ -193,17 +196,32 @@ class FlowGRPOLoss(_PolicyLoss):
     """Flow-GRPO: per-transition PPO on the SDE rollout (Liu et al., 2025).
 
         ratio = exp(log p_theta(z' | z) - log p_old(z' | z)) of each stored SDE transition
-        L = -mean over transitions of min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)
-            + kl_coef * mean ||mu_theta - mu_ref||^2 / (2 std^2)
+        L = -mean over transitions of min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)  +  kl_coef * mean KL_step
+
+    The step ``t -> t_next`` is Gaussian, ``N(mu, sigma_t^2 |dt| I)`` (:func:`vgrpo_lib.sde.sde_step_mean_std`), so
+    its KL to the reference's step has a closed form. ``kl_form`` chooses what ``KL_step`` means:
+
+    - ``"exact"``: ``||mu_theta - mu_ref||^2 / (2 sigma_t^2 |dt|)``, the Gaussian KL of the step;
+    - ``"flow_grpo"``: ``||mu_theta - mu_ref||^2 / (2 sigma_t^2) = |dt| * exact``, what the official loss computes
+      (yifan123/flow_grpo, ``scripts/train_sd3.py``: divided by ``2 * std_dev_t**2``, where ``std_dev_t`` is the
+      SDE's ``sigma_t`` without the step length). The official ``beta`` (0.04 GenEval / OCR, 0.01 PickScore)
+      has this meaning: on a 10-step grid (``|dt|`` about 0.03 to 0.2) it weighs each step's exact KL 5 to 30
+      times less than the same coefficient with ``"exact"``. Use ``"flow_grpo"`` with a beta taken from the
+      official presets.
+
+    Both are reduced over the data dimensions like the log-prob (``"mean"``, the official, or ``"sum"``).
 
     Args:
-        model: the trained velocity model.
+        model: the trained velocity model (wrap it in
+            :class:`~vgrpo_lib.samplers.ClassifierFreeGuidance` with ``detach_uncond=True`` to train with CFG as
+            the official code does).
         clip_epsilon: Flow-GRPO uses 1e-4 with the ``"mean"`` log-prob reduction.
         noise_level: ``a`` of the SDE (0.7; ``eta`` in ``(0, 1]`` for CPS); must equal the rollout's.
         log_prob_reduction: ``"mean"`` over dimensions (anchor, default) or ``"sum"``; must equal the rollout's.
         adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]`` (5).
         sde_type: ``"flow_sde"`` (Flow-GRPO's SDE) or ``"cps"`` (coefficients-preserving); must equal the rollout's.
-        ref_model, kl_coef: closed-form Gaussian KL to a frozen reference (beta 0.01-0.04 in the anchor).
+        ref_model, kl_coef: closed-form Gaussian KL to a frozen reference (``None``: no KL term).
+        kl_form: ``"exact"`` (default) or ``"flow_grpo"``, see above.
 
     Batch entries: one row per transition (any batch shape; it is flattened): ``z``, ``z_next`` ``[..., *D]``,
     ``t``, ``t_next``, ``advantage``, ``old_log_prob`` ``[...]`` and ``cond`` with the same batch shape.
@@ -232,6 +250,7 @@ class FlowGRPOLoss(_PolicyLoss):
         ref_model: torch.nn.Module | None = None,
         kl_coef: float | None = None,
         sde_type: str = "flow_sde",
+        kl_form: str = "exact",
         unconditional: bool = False,
     ):
         super().__init__()
@@ -239,6 +258,7 @@ class FlowGRPOLoss(_PolicyLoss):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
         self.step_mean_std, self.sde_type = step_mean_std(sde_type), sde_type
         check_noise_level(sde_type, noise_level)
+        self.kl_form = choose("Flow-GRPO KL form", kl_form, FLOW_GRPO_KL_FORMS)
         check_positive("adv_clip", adv_clip, allow_inf=True)  # clamp(-c, c) with c <= 0 or NaN is not a clip
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
@@ -287,7 +307,10 @@ class FlowGRPOLoss(_PolicyLoss):
         if self.kl_coef is not None:
             with torch.no_grad():
                 ref_mean, _ = self.step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
-            kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction).mean()
+            kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction)
+            if self.kl_form == "flow_grpo":
+                kl = kl * (t - t_next)  # the official divides by 2 sigma_t^2 only: |dt| times the exact KL
+            kl = kl.mean()
             out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
         return TensorDict(out, batch_size=[])
 
@@ -432,6 +455,8 @@ class DiffusionNFTLoss(_PolicyLoss):
         estimator: noising and weighting; its pairs (fresh each step, ``sharing="none"``) are in the batch.
         strength: ``b``, the implicit-policy mixing strength (1.0 GenEval, 0.1 OCR / multi-reward).
         adv_max: ``Amax`` (5).
+        adv_mode: the official ``adv_mode`` (``"all"``, ``"positive_only"``, ``"negative_only"``, ``"one_only"``,
+            ``"binary"``), see :func:`~vgrpo_lib.objectives.nft_optimality`.
         ref_model, kl_coef: velocity-MSE KL to a frozen base policy (official: 1e-4).
 
     Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``pairs`` ``[B, K]``.
@@ -454,6 +479,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         *,
         strength: float = 1.0,
         adv_max: float = 5.0,
+        adv_mode: str = "all",
         ref_model: torch.nn.Module | None = None,
         kl_coef: float | None = None,
         unconditional: bool = False,
@@ -461,6 +487,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         super().__init__()
         if (ref_model is None) != (kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        self.adv_mode = choose("adv_mode", adv_mode, NFT_ADVANTAGE_MODES)
         for name, value in (("strength", strength), ("adv_max", adv_max)):
             if not (check_real(name, value) > 0 and math.isfinite(value)):
                 raise ValueError(f"strength and adv_max must be > 0 and finite, got {name}={value}.")
@@ -488,7 +515,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         v_positive, v_negative = nft_implicit_velocities(v_theta, v_old, self.strength)
         positive_loss, _ = self.estimator.pair_loss(v_positive, inputs)
         negative_loss, _ = self.estimator.pair_loss(v_negative, inputs)
-        optimality = nft_optimality(advantage, self.adv_max)
+        optimality = nft_optimality(advantage, self.adv_max, self.adv_mode)
         if optimality.shape != (sample.shape[0],):
             raise ValueError(f"advantage must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)}.")
         per_pair = optimality[:, None] * positive_loss + (1.0 - optimality[:, None]) * negative_loss

@@ -144,9 +144,28 @@ def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def nft_optimality(advantage: torch.Tensor, adv_max: float) -> torch.Tensor:
-    """DiffusionNFT's optimality probability ``r = clip(clip(A, -Amax, Amax) / (2 Amax) + 1/2, 0, 1)``."""
-    return (advantage.clamp(-adv_max, adv_max) / (2.0 * adv_max) + 0.5).clamp(0.0, 1.0)
+NFT_ADVANTAGE_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+
+
+def nft_optimality(advantage: torch.Tensor, adv_max: float, mode: str = "all") -> torch.Tensor:
+    """DiffusionNFT's optimality probability ``r = clip(m(clip(A, -Amax, Amax)) / (2 Amax) + 1/2, 0, 1)``.
+
+    ``mode`` is the official ``adv_mode`` ``m`` applied to the clipped advantage: ``"all"`` (identity),
+    ``"positive_only"`` (``max(A, 0)``), ``"negative_only"`` (``min(A, 0)``), ``"one_only"`` (``1[A > 0]``),
+    ``"binary"`` (``sign(A)``); the last two are then scaled by ``1 / (2 Amax)`` like any advantage, as in the
+    official code, so ``r`` is 0.5 +- 0.1 for ``Amax = 5``.
+    """
+    choose("adv_mode", mode, NFT_ADVANTAGE_MODES)
+    advantage = advantage.clamp(-adv_max, adv_max)
+    if mode == "positive_only":
+        advantage = advantage.clamp_min(0.0)
+    elif mode == "negative_only":
+        advantage = advantage.clamp_max(0.0)
+    elif mode == "one_only":
+        advantage = (advantage > 0).to(advantage.dtype)
+    elif mode == "binary":
+        advantage = torch.sign(advantage)
+    return (advantage / (2.0 * adv_max) + 0.5).clamp(0.0, 1.0)
 
 
 def nft_implicit_velocities(v_theta: torch.Tensor, v_old: torch.Tensor, strength: float):

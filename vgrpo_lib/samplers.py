@@ -212,22 +212,25 @@ class ClassifierFreeGuidance(nn.Module):
     """Wrap a conditional velocity model as ``v_u + scale (v_c - v_u)``, cond and uncond in one batched forward.
 
     ``null_cond`` is a callable ``cond -> unconditional cond`` with the same batch size (e.g. a tensor of
-    null prompt ids).
+    null prompt ids). ``detach_uncond=True`` stops the gradient through the unconditional branch, as the
+    official Flow-GRPO does when it trains with CFG (``compute_log_prob`` in ``scripts/train_sd3.py``).
     """
 
-    def __init__(self, model: nn.Module, null_cond: Callable, scale: float):
+    def __init__(self, model: nn.Module, null_cond: Callable, scale: float, detach_uncond: bool = False):
         super().__init__()
-        self.model, self.null_cond, self.scale = model, null_cond, scale
+        self.model, self.null_cond, self.scale, self.detach_uncond = model, null_cond, scale, detach_uncond
 
     def forward(self, z, t, cond):
         both = self.model(torch.cat([z, z]), torch.cat([t, t]), torch.cat([cond, self.null_cond(cond)]))
         v_cond, v_uncond = both.chunk(2)
+        if self.detach_uncond:
+            v_uncond = v_uncond.detach()
         return v_uncond + self.scale * (v_cond - v_uncond)
 
 
-def classifier_free_guidance(model: nn.Module, null_cond: Callable, scale: float) -> nn.Module:
+def classifier_free_guidance(model: nn.Module, null_cond: Callable, scale: float, detach_uncond: bool = False) -> nn.Module:
     """``scale = 1`` returns ``model`` itself (no extra forward); otherwise a :class:`ClassifierFreeGuidance`."""
-    return model if scale == 1.0 else ClassifierFreeGuidance(model, null_cond, scale)
+    return model if scale == 1.0 else ClassifierFreeGuidance(model, null_cond, scale, detach_uncond)
 
 
 __all__ = [

@@ -105,6 +105,24 @@ class DiscreteGrid(TimestepSampler):
         return self.grid.to(device=u.device, dtype=u.dtype)[index]
 
 
+class GridSubset(DiscreteGrid):
+    """K distinct points of a fixed grid per set, uniformly without replacement (a random permutation of the
+    grid, its first K): DiffusionNFT's training timesteps (NVlabs/DiffusionNFT, ``scripts/train_nft_sd3.py``
+    permutes the sampler's timesteps per sample and trains the first ``int(num_steps * timestep_fraction)``).
+    """
+
+    def __init__(self, grid: Sequence[float] | torch.Tensor):
+        super().__init__(grid, stratified=False)
+
+    def __call__(self, num_sets: int, num_pairs: int, *, generator=None, device=None, dtype=torch.float32):
+        check_positive_int("num_pairs", num_pairs)
+        if num_pairs > self.grid.numel():
+            raise ValueError(f"GridSubset draws {num_pairs} distinct points from a grid of {self.grid.numel()}.")
+        keys = torch.rand((num_sets, self.grid.numel()), generator=generator, device=device)
+        index = keys.argsort(dim=1)[:, :num_pairs]
+        return self.grid.to(device=index.device, dtype=dtype)[index]
+
+
 class PiecewiseDensity(TimestepSampler):
     """Importance-sampled timesteps: a piecewise-constant density ``q`` on M equal bins of [0, 1].
 

@@ -234,6 +234,12 @@ class DiffusersTask:
             self._cache.popitem(last=False)
         return torch.stack(rows)
 
+    def null_cond(self, cond: TensorDict) -> TensorDict:
+        """The unconditional condition for CFG: the empty prompt's embeddings for every row of ``cond`` (entries it
+        lacks, e.g. FLUX's per-sample guidance, are kept from ``cond``)."""
+        null = self.condition([""]).to(cond.device).expand(cond.batch_size[0])
+        return cond.clone().update(null.clone())
+
     def _encode(self, prompts: list[str]) -> TensorDict:
         encode = encode_prompts_sd3 if self.base.family == "sd3" else encode_prompts_flux
         kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
