@@ -1,4 +1,4 @@
-"""GenEval on digits: the prompt grammar and its disjoint splits."""
+"""GenEval on digits: the prompt grammar and its disjoint splits, the synthetic compositions, the detector."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import re
 from collections import Counter
 
 import pytest
+import torch
+import torch.nn.functional as F
 
-from integrations.rewards.geneval import GENEVAL_TAGS, load_geneval_metadata
+from integrations.rewards.geneval import GENEVAL_TAGS, Detection, GenEvalReward, load_geneval_metadata
+from integrations.testbed.geneval_digits.compositions import compose, ink_boxes
+from integrations.testbed.geneval_digits.detector import DigitDetector, crop_colors, decode
 from integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs, write_geneval_files
+from integrations.testbed.geneval_digits.train_detector import coco_ap50, detection_targets
 
 ARTICLE = r"an? (?:(?:red|green|blue|yellow|white) )?\d"
 GRAMMAR = {
@@ -75,3 +80,89 @@ def test_metadata_files_round_trip_through_geneval_reader(tmp_path):
         geneval_specs("test")
     with pytest.raises(ValueError, match="unknown GenEval tags"):
         geneval_specs("eval", tags=("photo",))
+
+
+# ---- synthetic compositions, the colour rule and the detector's encoding ----
+
+def _oracle(comp):
+    """A perfect detector: the ground-truth objects of each composition at confidence 1."""
+    def detector(images):
+        return [[Detection(str(d), 1.0, tuple(b)) for d, b in zip(lab[p].tolist(), box[p].tolist())]
+                for lab, box, p in zip(comp.labels, comp.boxes, comp.present)]
+    return detector
+
+
+def _some_specs_of_every_category(per_tag=20):
+    return [s for tag in GENEVAL_TAGS for s in geneval_specs("eval", tags=(tag,))[:per_tag]]
+
+
+def test_compositions_satisfy_their_specs_under_geneval_rules():
+    specs = _some_specs_of_every_category()
+    comp = compose(specs, "eval", torch.Generator().manual_seed(3))
+    assert comp.images.shape == (len(specs), 3, 64, 64) and 0 <= comp.images.min() and comp.images.max() <= 1
+    results = GenEvalReward(_oracle(comp), color_classifier=crop_colors).evaluate(comp.images, specs)
+    assert all(r.correct and r.strict_correct and r.score == 1.0 for r in results), [
+        (s["prompt"], r.reasons) for s, r in zip(specs, results) if not r.correct]
+    blurred = torch.lerp(comp.images, F.avg_pool2d(comp.images, 3, 1, 1, count_include_pad=False), 0.7)
+    colours = [crop_colors(img, box[p]) for img, box, p in zip(blurred, comp.boxes, comp.present)]
+    assert colours == [[COLORS[c] for c in col[p].tolist()] for col, p in zip(comp.colors, comp.present)]
+
+
+def test_composition_boxes_are_the_tight_boxes_of_the_ink():
+    comp = compose(_some_specs_of_every_category(10), "train", torch.Generator().manual_seed(4))
+    ys, xs = torch.meshgrid(torch.arange(64) + 0.5, torch.arange(64) + 0.5, indexing="ij")
+    for image, boxes in zip(comp.images, comp.boxes):
+        boxes = boxes[(boxes[:, 2] > boxes[:, 0])]
+        inside = ((xs >= boxes[:, 0, None, None] - 1) & (xs <= boxes[:, 2, None, None] + 1)
+                  & (ys >= boxes[:, 1, None, None] - 1) & (ys <= boxes[:, 3, None, None] + 1)).any(dim=0)
+        assert not (image.amax(dim=0)[~inside] > 0.5).any(), "ink outside every box"
+        for x0, y0, x1, y1 in boxes.tolist():  # each edge touches ink (within 1.5 px)
+            strip = image.amax(dim=0)[int(y0):int(y1) + 1, int(x0):int(x1) + 1] > 0.1
+            rows, cols = strip.any(dim=1).nonzero()[:, 0], strip.any(dim=0).nonzero()[:, 0]
+            assert abs(int(y0) + rows[0] - y0) <= 1.5 and abs(int(y0) + rows[-1] + 1 - y1) <= 1.5
+            assert abs(int(x0) + cols[0] - x0) <= 1.5 and abs(int(x0) + cols[-1] + 1 - x1) <= 1.5
+
+
+def test_ink_boxes_and_bad_specs():
+    digits = torch.zeros(2, 1, 28, 28)
+    digits[0, 0, 5:9, 10:20] = 1.0
+    assert ink_boxes(digits).tolist() == [[10.0, 5.0, 20.0, 9.0], [0.0, 0.0, 28.0, 28.0]]
+    five = {"tag": "counting", "prompt": "five 3s", "include": [{"class": "3", "count": 5}]}
+    with pytest.raises(ValueError, match="asks for 5 objects"):
+        compose([five])
+
+
+def test_detector_targets_decode_back_to_the_boxes():
+    comp = compose(_some_specs_of_every_category(8), "train", torch.Generator().manual_seed(5))
+    cls, reg, centre = detection_targets(comp, 16)
+    assert int(centre.sum()) == int(comp.present.sum()) and (cls[~centre] <= 0).all()
+    head = torch.zeros(len(cls), 15, 16, 16)
+    head[:, 0] = 10.0
+    head[:, :11] = torch.where(centre[:, None], F.one_hot(cls.clamp_min(0), 11).permute(0, 3, 1, 2) * 20.0,
+                               head[:, :11])
+    head[:, 11:13], head[:, 13:15] = torch.logit(reg[:, :2].clamp(1e-6, 1 - 1e-6)), reg[:, 2:]
+    b, label, score, box = decode(head)
+    assert (score > 0.99).all() and len(b) == int(comp.present.sum())
+    for i in range(len(cls)):
+        want = sorted(zip(comp.labels[i][comp.present[i]].tolist(), comp.boxes[i][comp.present[i]].tolist()))
+        got = sorted(zip(label[b == i].tolist(), box[b == i].tolist()))
+        assert [w[0] for w in want] == [g[0] for g in got]
+        torch.testing.assert_close(torch.tensor([w[1] for w in want]), torch.tensor([g[1] for g in got]),
+                                   atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="multiples of 4"):
+        DigitDetector()(torch.zeros(1, 3, 30, 30))
+
+
+def test_coco_ap50_scores_perfect_wrong_and_missing_detections():
+    boxes = [torch.tensor([[0.0, 0.0, 10.0, 12.0], [30.0, 30.0, 44.0, 50.0]]), torch.tensor([[5.0, 40.0, 20.0, 60.0]])]
+    labels = [torch.tensor([3, 7]), torch.tensor([3])]
+    b, box = torch.tensor([0, 0, 1]), torch.cat(boxes)
+    label, score = torch.cat(labels), torch.tensor([0.9, 0.8, 0.7])
+    ap, recall = coco_ap50(boxes, labels, b, label, score, box)
+    assert ap[3] == pytest.approx(1.0) and ap[7] == pytest.approx(1.0) and recall[3] == recall[7] == 1.0
+    assert ap[0] == -1.0, "no 0 in the ground truth"
+    ap, recall = coco_ap50(boxes, labels, b, torch.tensor([3, 1, 3]), score, box)
+    assert ap[7] == 0.0 and recall[7] == 0.0 and ap[3] == pytest.approx(1.0)
+    shifted = box + torch.tensor([[8.0, 0.0, 8.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # IoU 2/18
+    assert coco_ap50(boxes, labels, b, label, score, shifted)[1][3] == 0.5
+    assert coco_ap50(boxes, labels, b[:0], label[:0], score[:0], box[:0])[1][3] == 0.0
