@@ -1,9 +1,11 @@
-"""The ``vgrpo`` command: train, sample and evaluate (testbed tasks, or a hub-model run via ``--run``).
+"""The ``vgrpo`` command: train, sample and evaluate (testbed tasks, the shipped MNIST-SD3 pipeline, hub models).
 
     vgrpo train --algo vgrpo [--task digit] [--preset testbed] [key=value ...] --out RUN_DIR [--resume]
+    vgrpo train --preset mnist-sd3 [--task digit|ocr] --out RUN_DIR      (the shipped diffusers pipeline)
     torchrun --nproc_per_node N -m algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
                                                              N processes, see integrations.distributed)
-    vgrpo sample [--run RUN_DIR] [--task digit] --per-prompt N --seed S --out FILE.npz
+    vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz     (the base policy)
+    vgrpo sample --run RUN_DIR --per-prompt N --seed S --out FILE.npz              (a trained policy)
     vgrpo eval --run RUN_DIR
 """
 
@@ -17,18 +19,23 @@ import numpy as np
 import torch
 
 from algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
-from algorithms.presets import PRESETS, preset_overrides
+from algorithms.presets import PRESETS, preset_overrides, task_overrides
 from algorithms.run_dir import RunDir, atomic_write_bytes
-from algorithms.tasks import TASKS, load_task
+from algorithms.tasks import load_task, task_names
+from integrations.task_registry import resolve_task_name
 from algorithms.trainer import Trainer
 from integrations.distributed import init_from_env
 
 
 def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
-    """Defaults, then the preset's overrides, then ``--task``, then the user's ``key=value`` overrides."""
-    base = TrainConfig(algo=algo)
-    task_override = [] if task is None else [f"task={task}"]
-    return apply_overrides(base, preset_overrides(preset, algo) + task_override + overrides)
+    """Defaults, then the preset's overrides, then ``--task`` (a pipeline preset's own task by its short name:
+    ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the user's
+    ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
+    preset_config = apply_overrides(TrainConfig(algo=algo), preset_overrides(preset, algo))
+    name = resolve_task_name(task or preset_config.task, preset)
+    config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name), *overrides])
+    resolve_task_name(config.task)  # a task=... override is checked too
+    return config
 
 
 def load_run_policy(run_dir: str | Path):
@@ -62,22 +69,32 @@ def _train(args) -> int:
 
 def _sample(args) -> int:
     if args.run:
+        if args.preset is not None or args.overrides:
+            raise SystemExit("--preset and overrides apply to the base policy; a --run samples with its saved config.")
         config, task, policy = load_run_policy(args.run)
-        if args.task and args.task != config.task:
+        if args.task and resolve_task_name(args.task, config.task.split("/")[0]) != config.task:
             raise SystemExit(f"--task {args.task} does not match the run's task {config.task}.")
     else:
-        task = load_task(args.task or "digit")
+        config = build_config("vgrpo", args.task, args.preset or "testbed", args.overrides)
+        task = load_task(config.task, config.model)
         policy = task.load_policy().eval()
     prompts = task.eval_prompts(args.per_prompt)
-    images = task.sample(policy, prompts, num_steps=args.steps, generator=torch.Generator().manual_seed(args.seed))
-    # Testbed prompts are digit ids (saved as "labels"); a hub-model task's are strings (saved as "prompts").
+    steps = config.eval.num_steps if args.steps is None else args.steps
+    images = task.sample(policy, prompts, num_steps=steps, generator=torch.Generator().manual_seed(args.seed))
+    arrays = {"images": images.float().numpy()}
+    # Testbed prompts are digit ids (saved as "labels"); a diffusers task's are strings (saved as "prompts", with
+    # "labels" when the task says what each prompt asks for: a digit, or a number as a string).
     if isinstance(prompts, torch.Tensor):
-        name, conditioning = "labels", prompts.to(torch.int64).numpy()
+        arrays["labels"] = prompts.to(torch.int64).numpy()
     else:
-        name, conditioning = "prompts", np.array(prompts, dtype=str)
+        arrays["prompts"] = np.array(prompts, dtype=str)
+        labels = task.labels(prompts)
+        if labels is not None:
+            arrays["labels"] = np.array(labels, dtype=np.int64 if isinstance(labels[0], int) else str)
     out = Path(args.out)
-    atomic_write_bytes(out, _npz_bytes(images=images.float().numpy(), **{name: conditioning}))
-    print(f"wrote {images.shape[0]} images {tuple(images.shape[1:])} and {name} {conditioning.shape} to {out}")
+    atomic_write_bytes(out, _npz_bytes(**arrays))
+    shapes = ", ".join(f"{key} {value.shape}" for key, value in arrays.items())
+    print(f"wrote {shapes} to {out} ({steps} steps, CFG-free)")
     return 0
 
 
@@ -114,13 +131,23 @@ def print_evaluation_table(base: dict, trained: dict) -> None:
         print("accuracy per prompt: " + ", ".join(f"{k}: {v:.2f}" for k, v in per_prompt.items()))
 
 
+TASK_HELP = ("a registered task, or a pipeline preset's task by its short name (--preset mnist-sd3 --task ocr is "
+             "mnist-sd3/ocr)")
+
+
+def task_choices() -> list[str]:
+    """Every registered task name and the short names of pipeline presets' tasks (``ocr`` of ``mnist-sd3/ocr``)."""
+    names = task_names()
+    return sorted(set(names) | {name.split("/", 1)[1] for name in names if "/" in name})
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a policy on a testbed task")
     train.add_argument("--algo", choices=ALGORITHMS, default=None)
-    train.add_argument("--task", choices=sorted(TASKS) + ["sd3.5-medium", "flux.1-dev"], default=None)
+    train.add_argument("--task", choices=task_choices(), default=None, help=TASK_HELP)
     train.add_argument("--preset", choices=PRESETS, default="testbed")
     train.add_argument("--out", required=True, help="run directory (refused if it exists, unless --resume)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
@@ -129,11 +156,14 @@ def make_parser() -> argparse.ArgumentParser:
 
     sample = commands.add_parser("sample", help="write CFG-free samples of a run (or the base policy) to .npz")
     sample.add_argument("--run", default=None)
-    sample.add_argument("--task", choices=sorted(TASKS), default=None)
+    sample.add_argument("--preset", choices=PRESETS, default=None, help="the base policy's preset (default testbed; "
+                        "not with --run)")
+    sample.add_argument("--task", choices=task_choices(), default=None, help=TASK_HELP)
     sample.add_argument("--per-prompt", type=int, required=True)
     sample.add_argument("--seed", type=int, required=True)
-    sample.add_argument("--steps", type=int, default=40, help="ODE (Euler) steps")
+    sample.add_argument("--steps", type=int, default=None, help="ODE steps (default: the evaluation's, eval.num_steps)")
     sample.add_argument("--out", required=True)
+    sample.add_argument("overrides", nargs="*", help="config overrides of the base policy, e.g. model.device=cuda")
     sample.set_defaults(handler=_sample)
 
     evaluate = commands.add_parser("eval", help="evaluate a run against its base policy and write a sample grid")
@@ -149,6 +179,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     if args.command == "train":
         args.algo_given = args.algo is not None
         args.algo = args.algo or "vgrpo"
+
     if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
         raise SystemExit("--per-prompt must be >= 1.")
     try:

@@ -111,18 +111,19 @@ class DiffusionNFTConfig:
 
 @dataclass
 class ModelConfig:
-    """The hub-model tasks (``task=sd3.5-medium`` / ``task=flux.1-dev``); testbed tasks ignore this section."""
+    """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``mnist-sd3/<task>``); testbed tasks ignore
+    this section. ``None`` means the task's own value (the mnist-sd3 tasks bring prompts, reward and image size)."""
 
     path: str | None = None  # local diffusers pipeline directory or hub id (None: the task's, from the HF cache)
-    prompts: str | None = None  # training prompt file, one prompt per line (required by the hub tasks)
-    eval_prompts: str | None = None  # evaluation prompt file (None: the first 8 training prompts)
-    reward: str = "pickscore"  # a reward name or a weighted sum "pickscore:1,ocr:0.5"
-    image_size: str | None = None  # "512" or "HxW" in pixels (None: 512 SD3.5-M, 720 FLUX.1-dev)
+    prompts: str | None = None  # training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev)
+    eval_prompts: str | None = None  # evaluation prompt file (None: the task's, else the first 8 training prompts)
+    reward: str | None = None  # a reward name or a weighted sum "pickscore:1,ocr:0.5" (None: the task's; pickscore)
+    image_size: str | None = None  # "512" or "HxW" in pixels (None: the task's: 512 SD3.5-M, 720 FLUX.1-dev)
     lora_rank: int = 32
     lora_alpha: int = 64
     device: str | None = None  # None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA
     dtype: str = "bfloat16"  # storage dtype of the pretrained weights
-    max_sequence_length: int | None = None  # T5 tokens per prompt (None: 256 SD3 / 512 FLUX)
+    max_sequence_length: int | None = None  # T5 tokens per prompt (None: 256 SD3 / 512 FLUX; 0 without T5)
     gradient_checkpointing: bool | None = None  # None: on with CUDA
     batch_size: int = 8  # samples per evaluation forward, VAE decode and text-encoder call
 
@@ -283,8 +284,9 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
                 "diffusion_nft.kl_coef"):
         need(key, non_negative, ">= 0")
     for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every", "model.lora_rank",
-                "model.lora_alpha", "model.max_sequence_length", "model.batch_size"):
+                "model.lora_alpha", "model.batch_size"):
         need(key, lambda v: v >= 1, ">= 1")
+    need("model.max_sequence_length", non_negative, ">= 0")  # 0: no T5 tokens (a pipeline without T5)
     need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
     need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")

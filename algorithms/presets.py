@@ -1,5 +1,5 @@
-"""Named settings: the testbed defaults per algorithm, the official settings of each algorithm's public code, and
-the paper's SD3.5-M / FLUX.1-dev settings.
+"""Named settings: the testbed defaults per algorithm, the official settings of each algorithm's public code, the
+paper's SD3.5-M / FLUX.1-dev settings, and the shipped MNIST-SD3 pipeline's (``mnist-sd3``).
 
 A preset is a list of ``key=value`` overrides applied before the user's own (see :mod:`algorithms.config`).
 
@@ -81,7 +81,26 @@ PAPER = {
     ],
 }
 
-PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER)
+# The shipped MNIST-SD3 pipeline (integrations.testbed.mnist_sd3) through the hub path, float32 on the CPU. Tasks
+# (``--task``): digit (default) and ocr, i.e. ``task=mnist-sd3/digit`` / ``mnist-sd3/ocr``.
+PIPELINES = {
+    "mnist-sd3": {
+        "common": [
+            "task=mnist-sd3/digit", "model.dtype=float32", "model.max_sequence_length=0", "model.lora_rank=8", "model.lora_alpha=16",
+            "model.batch_size=128", "rollout.num_steps=10", "eval.num_steps=20", "eval.every=5", "eval.per_prompt=8",
+            "prompts_per_iteration=8", "group_size=8", "iterations=40", "checkpoint_every=5",
+        ],
+        "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
+        "flow_grpo": ["optim.lr=3e-4"],
+        "diffusion_nft": ["optim.lr=3e-4"],
+    },
+}
+# Settings of one task of a pipeline preset, applied after the preset's (and after ``--task``).
+PIPELINE_TASKS = {
+    "mnist-sd3/ocr": ["eval.per_prompt=2"],
+}
+
+PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER, *PIPELINES)
 
 
 def preset_overrides(preset: str, algo: str) -> list[str]:
@@ -96,4 +115,14 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
         return [*OFFICIAL[algo], *OFFICIAL_SD3]
     if preset in PAPER:
         return list(PAPER[preset])
+    if preset in PIPELINES:
+        if algo not in PIPELINES[preset]:
+            raise ValueError(f"No {preset!r} settings for {algo!r}; the preset covers "
+                             f"{', '.join(k for k in PIPELINES[preset] if k != 'common')}.")
+        return [*PIPELINES[preset]["common"], *PIPELINES[preset][algo]]
     raise ValueError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")
+
+
+def task_overrides(task: str) -> list[str]:
+    """A pipeline task's own settings (``PIPELINE_TASKS``; none for other tasks)."""
+    return list(PIPELINE_TASKS.get(task, []))

@@ -17,10 +17,12 @@ and optionally:
     time_grid(num_steps)               the task's own rollout grid (used when ``rollout.shift`` is None)
     behaviour_policy(policy)           a soft-updated frozen policy (default: a copy, see algorithms.policies)
 
-The embedded testbed provides every task that runs anywhere. The paper's SD3.5-Medium and FLUX.1-dev
-settings are presets whose tasks (:class:`integrations.diffusers_adapters.task.DiffusersTask`) need those models
-locally (``model.path`` or the Hugging Face cache) and a prompt file (``model.prompts``), configured by the
-``model`` section of the run config; without them they fail with a message saying what is missing.
+Tasks are built by name from :mod:`integrations.task_registry`. The embedded testbed provides tasks that run
+anywhere, and so does the shipped MNIST-SD3 pipeline (``mnist-sd3/digit``, ``mnist-sd3/ocr``) through the hub
+path. The paper's SD3.5-Medium and FLUX.1-dev settings are presets whose tasks
+(:class:`integrations.diffusers_adapters.task.DiffusersTask`) need those models locally (``model.path`` or the
+Hugging Face cache) and a prompt file (``model.prompts``), configured by the ``model`` section of the run config;
+without them they fail with a message saying what is missing.
 """
 
 from __future__ import annotations
@@ -30,16 +32,13 @@ from dataclasses import asdict
 import torch
 
 from algorithms.config import ModelConfig, RolloutConfig, parse_image_size
+from integrations.task_registry import build_task, task_names
 from integrations.testbed.data import to_images, to_model_space
 from integrations.testbed.tasks import TASKS, Task, get_task
 from vgrpo_lib.samplers import time_grid
 
-__all__ = ["load_task", "repeat_each", "rollout_grid", "to_images", "to_model_space", "Task", "TASKS"]
-
-HUB_TASKS = {
-    "sd3.5-medium": "stabilityai/stable-diffusion-3.5-medium",
-    "flux.1-dev": "black-forest-labs/FLUX.1-dev",
-}
+__all__ = ["get_task", "load_task", "repeat_each", "rollout_grid", "task_names", "to_images", "to_model_space", "Task",
+           "TASKS"]
 
 
 def repeat_each(prompts, times: int):
@@ -58,19 +57,8 @@ def rollout_grid(task, rollout: RolloutConfig) -> list[float]:
 
 
 def load_task(name: str, model: ModelConfig | None = None):
-    """A testbed task by name, or a hub-model task (:func:`integrations.diffusers_adapters.task.hub_task`, configured
-    by ``model``, the run config's ``model`` section) when its weights are on this machine; a clear error when
-    they are not."""
-    if name in HUB_TASKS:
-        try:
-            from integrations.diffusers_adapters.task import hub_task
-        except ImportError as error:
-            raise RuntimeError(
-                f"Task {name!r} trains {HUB_TASKS[name]}, whose weights are not available on this machine: the "
-                f"diffusers integration cannot be imported ({error}). Install diffusers, transformers and peft, or "
-                f"use a testbed task: {', '.join(TASKS)}."
-            ) from error
-        settings = asdict(model or ModelConfig())
-        settings["image_size"] = None if settings["image_size"] is None else parse_image_size(settings["image_size"])
-        return hub_task(name, **settings)
-    return get_task(name)
+    """The task registered as ``name`` (:mod:`integrations.task_registry`): a testbed task, or a diffusers task
+    configured by ``model`` (the run config's ``model`` section); a clear error when its weights are missing."""
+    settings = asdict(model or ModelConfig())
+    settings["image_size"] = None if settings["image_size"] is None else parse_image_size(settings["image_size"])
+    return build_task(name, settings)

@@ -17,7 +17,9 @@ accepted licence and a token.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -64,6 +66,18 @@ class DiffusersPolicy:
         return decode_latents(self.pipe.vae, latents)
 
 
+def absent_components(path: str) -> dict[str, None]:
+    """``{name: None}`` for each component a local pipeline folder's ``model_index.json`` records as absent
+    (``[null, null]``, e.g. ``text_encoder_3`` of an SD3 pipeline saved without T5). diffusers refuses to load such
+    a folder unless those components are passed explicitly; empty for a hub id."""
+    index = Path(path) / "model_index.json"
+    if not index.is_file():
+        return {}
+    entries = json.loads(index.read_text())
+    return {name: None for name, value in entries.items()
+            if not name.startswith("_") and isinstance(value, list) and value and value[0] is None}
+
+
 def load_policy(name_or_path: str, family: str, device: str | torch.device | None = None,
                 dtype: torch.dtype = torch.bfloat16, lora_rank: int | None = 32, lora_alpha: int = 64,
                 behaviour_adapter: bool = True, autocast: bool = True, local_files_only: bool | None = None,
@@ -89,7 +103,9 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
         raise ValueError(f"family must be 'sd3' or 'flux'; got {family!r}")
     pipeline_class = StableDiffusion3Pipeline if family == "sd3" else FluxPipeline
     local = resolve_local_files_only(local_files_only)
-    pipe = load_weights(lambda: pipeline_class.from_pretrained(name_or_path, torch_dtype=dtype, local_files_only=local),
+    absent = absent_components(name_or_path)
+    pipe = load_weights(lambda: pipeline_class.from_pretrained(name_or_path, torch_dtype=dtype, local_files_only=local,
+                                                               **absent),
                         name_or_path, f"the {family.upper()} policy")
     if device is not None:
         pipe.to(device)

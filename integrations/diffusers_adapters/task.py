@@ -179,12 +179,17 @@ class DiffusersTask:
         batch_size: samples per forward when evaluating, per VAE decode and per text-encoder call.
         cache_size: distinct prompts whose embeddings are kept (least recently used dropped first).
         eval_solver: ODE solver for :meth:`sample` (the pipelines' scheduler is Euler).
+        metrics: ``metrics(images, prompts, rewards) -> dict`` of further evaluation numbers (e.g. accuracy and
+            an independent judge's accuracy; ``rewards`` ``(B,)`` are the images' reward), merged into
+            :meth:`evaluate`.
+        label: ``label(prompt) -> int | str``, what a prompt asks for (a digit, a number), written beside the
+            images by ``vgrpo sample``.
     """
 
     def __init__(self, base: DiffusersPolicy, prompts, reward, image_size: int | tuple[int, int] = 512, *,
                  eval_prompts=None, lora_rank: int = 32, lora_alpha: int = 64, max_sequence_length: int | None = None,
                  gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
-                 eval_solver: str = "euler"):
+                 eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None):
         if getattr(base.model.transformer, "peft_config", None):
             raise ValueError("DiffusersTask adds its own LoRA adapter: load the DiffusersPolicy with lora_rank=None.")
         self.base = base
@@ -197,6 +202,7 @@ class DiffusersTask:
         self.max_sequence_length = max_sequence_length
         self.gradient_checkpointing = gradient_checkpointing
         self.batch_size, self.cache_size, self.eval_solver = batch_size, cache_size, eval_solver
+        self.metrics, self.label = metrics, label
         self._cache: OrderedDict[str, TensorDict] = OrderedDict()
         self._policy: LoRAPolicy | None = None
         self._reward = None
@@ -309,10 +315,14 @@ class DiffusersTask:
             images.append(self.decode(sample_ode(policy, z, cond, grid, method=self.eval_solver)))
         return torch.cat(images)
 
+    def labels(self, prompts: Sequence[str]) -> list | None:
+        """What each prompt asks for (``label(prompt)``), or None for a task without labels."""
+        return None if self.label is None else [self.label(p) for p in prompts]
+
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, prompts: Sequence[str]) -> dict:
-        """``reward_mean`` / ``reward_std`` (and ``reward/<name>`` for a weighted reward) and ``diversity`` (mean
-        pairwise RMS pixel distance between images of the same prompt)."""
+        """``reward_mean`` / ``reward_std`` (and ``reward/<name>`` for a weighted reward), ``diversity`` (mean
+        pairwise RMS pixel distance between images of the same prompt) and the task's own ``metrics``."""
         from integrations.testbed.evaluation import diversity
 
         reward = self.reward()
@@ -322,6 +332,8 @@ class DiffusersTask:
             out.update({f"reward/{k}": v.mean().item() for k, v in reward.components(images, prompts).items()})
         ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
         out["diversity"] = diversity(images, torch.tensor([ids[p] for p in prompts]))
+        if self.metrics is not None:
+            out.update(self.metrics(images, list(prompts), scores))
         return out
 
     def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike,
@@ -350,11 +362,18 @@ class DiffusersTask:
 
 @dataclass(frozen=True)
 class HubModel:
-    """A named hub task: the checkpoint, its family and the default image size."""
+    """A named hub model: the checkpoint (a hub id or a local pipeline directory), its family and the default
+    image size."""
 
     hub_id: str
     family: str
     image_size: int
+
+
+def _mnist_sd3_dir() -> str:
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+
+    return str(PIPELINE_DIR)
 
 
 HUB_MODELS = {
@@ -362,6 +381,9 @@ HUB_MODELS = {
     "sd3.5-medium": HubModel(SD35_MEDIUM, "sd3", 512),
     # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
+    # The project's own StableDiffusion3Pipeline trained on MNIST, shipped in the repository (its tasks set the
+    # image size per task: integrations.testbed.mnist_sd3_tasks).
+    "mnist-sd3": HubModel(_mnist_sd3_dir(), "sd3", 32),
 }
 
 def weights_location(name_or_path: str) -> str | None:
@@ -378,18 +400,19 @@ def weights_location(name_or_path: str) -> str | None:
     return path if (Path(path) / "model_index.json").is_file() else None
 
 
-def hub_task(name: str, *, path: str | None = None, prompts: str | None = None, eval_prompts: str | None = None,
-             reward: str = "pickscore", image_size: int | tuple[int, int] | None = None, lora_rank: int = 32,
-             lora_alpha: int = 64, device: str | None = None, dtype: str = "bfloat16",
-             max_sequence_length: int | None = None, gradient_checkpointing: bool | None = None,
-             batch_size: int = 8) -> DiffusersTask:
-    """Build the task ``"sd3.5-medium"`` or ``"flux.1-dev"`` (the run config's ``model`` section, see
-    :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
+def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=None, reward=None,
+             image_size: int | tuple[int, int] | None = None, lora_rank: int = 32, lora_alpha: int = 64,
+             device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
+             gradient_checkpointing: bool | None = None, batch_size: int = 8, metrics: Callable | None = None,
+             label: Callable | None = None) -> DiffusersTask:
+    """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
+    see :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
 
-    ``path``: a local diffusers pipeline directory or hub id (default: the task's hub id, looked up in the Hugging
-    Face cache; nothing is downloaded). ``device``: default this process's GPU, the CPU without CUDA.
-    ``gradient_checkpointing``: default on with CUDA. ``image_size``: default 512 (SD3.5-M) / 720 (FLUX.1-dev).
-    The other arguments are :class:`DiffusersTask`'s.
+    ``path``: a local diffusers pipeline directory or hub id (default: the model's, looked up as a directory or
+    in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
+    strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
+    GPU, the CPU without CUDA. ``gradient_checkpointing``: default on with CUDA. ``image_size``: default the
+    model's (512 SD3.5-M, 720 FLUX.1-dev). The other arguments are :class:`DiffusersTask`'s.
 
     Raises ``RuntimeError`` saying what is missing when the pipeline is neither at ``path`` nor in the Hugging
     Face cache, or when no prompt file is given.
@@ -414,7 +437,7 @@ def hub_task(name: str, *, path: str | None = None, prompts: str | None = None, 
     return DiffusersTask(
         base,
         prompts,
-        reward,
+        "pickscore" if reward is None else reward,
         spec.image_size if image_size is None else image_size,
         eval_prompts=eval_prompts,
         lora_rank=lora_rank,
@@ -422,4 +445,6 @@ def hub_task(name: str, *, path: str | None = None, prompts: str | None = None, 
         max_sequence_length=max_sequence_length,
         gradient_checkpointing=device.type == "cuda" if gradient_checkpointing is None else gradient_checkpointing,
         batch_size=batch_size,
+        metrics=metrics,
+        label=label,
     )

@@ -64,34 +64,45 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def _normalise(text: str) -> str:
-    return "".join(text.split()).lower()
+    return text.replace(" ", "").lower()
 
 
 def text_similarity(recognised: str, target: str) -> float:
-    """Flow-GRPO's OCR score: 1 - min(edit_distance, len(target)) / len(target), after removing
-    whitespace and lower-casing both strings; 1.0 is an exact match, 0.0 nothing right."""
+    """Flow-GRPO's OCR score (``flow_grpo/ocr.py``, ``OcrScorer.__call__``): spaces removed and both strings
+    lower-cased; 1.0 when the target occurs anywhere in the recognised text, else
+    ``1 - min(edit_distance, len(target)) / len(target)`` (0.0: nothing right). An empty target (where the
+    official code divides by zero) scores 1.0 only for an empty recognition."""
     recognised, target = _normalise(recognised), _normalise(target)
     if not target:
         return 1.0 if not recognised else 0.0
+    if target in recognised:
+        return 1.0
     return 1.0 - min(edit_distance(recognised, target), len(target)) / len(target)
 
 
 @register_reward("ocr")
 class OCRReward(Reward):
-    """Text-rendering accuracy: how well the image shows the prompt's quoted text.
+    """Text-rendering accuracy: how well the image shows the prompt's target text (Flow-GRPO's OCR reward).
 
-    The text recognised by rapidocr-onnxruntime (detection + recognition ONNX models shipped in its
-    wheel, run on the CPU, offline) is concatenated in reading order and compared with the target
-    by `text_similarity`. The target is the first quoted span of the prompt, or, when a prompt has
-    no quotes, the whole prompt (set `require_quotes=True` to make that an error instead).
+    The text recognised by rapidocr-onnxruntime (detection + recognition ONNX models shipped in its wheel, run
+    on the CPU, offline) is concatenated in reading order, keeping boxes of positive confidence as the official
+    scorer does, and compared with the target by :func:`text_similarity`. The target is ``target(prompt)`` when
+    given, else the first quoted span of the prompt, or the whole prompt when it has no quotes (set
+    ``require_quotes=True`` to make that an error instead).
 
     Args:
-        engine: an OCR callable `engine(uint8 HWC array) -> (results, elapsed)` in rapidocr's format;
-            default: a new `rapidocr_onnxruntime.RapidOCR()`.
+        engine: an OCR callable ``engine(uint8 HWC array, use_det=..., use_cls=False) -> (results, elapsed)`` in
+            rapidocr's format; default: a new ``rapidocr_onnxruntime.RapidOCR()``.
         require_quotes: raise on prompts without a quoted target.
+        target: ``target(prompt) -> text`` (e.g. the number a prompt asks for).
+        single_line: the whole image is one line of text: recognition only, no text detection (small canvases
+            such as a 32x96 number, where detection splits or drops characters).
+        view: ``view(images) -> images`` applied before reading, e.g. light-on-dark strokes inverted and
+            upscaled (rapidocr reads dark print on a light background, a few dozen pixels high).
     """
 
-    def __init__(self, engine=None, require_quotes: bool = False):
+    def __init__(self, engine=None, require_quotes: bool = False, target=None, single_line: bool = False,
+                 view=None):
         super().__init__()
         if engine is None:
             from rapidocr_onnxruntime import RapidOCR
@@ -99,17 +110,24 @@ class OCRReward(Reward):
             engine = RapidOCR()
         self.engine = engine
         self.require_quotes = require_quotes
+        self.target_fn = target
+        self.single_line, self.view = single_line, view
 
     def recognise(self, images: torch.Tensor) -> list[str]:
-        """The text found in each image, boxes joined top-to-bottom, left-to-right."""
+        """The text found in each image: with detection, boxes joined top-to-bottom, left-to-right."""
         texts = []
-        for array in to_uint8_hwc(images):
-            results, _ = self.engine(array)
+        for array in to_uint8_hwc(images if self.view is None else self.view(images)):
+            results, _ = self.engine(array, use_det=not self.single_line, use_cls=False)
+            if self.single_line:  # rec only: [[text, confidence]]
+                texts.append("".join(text for text, confidence in results or [] if confidence > 0))
+                continue
             boxes = sorted(results or [], key=lambda r: (min(p[1] for p in r[0]), min(p[0] for p in r[0])))
-            texts.append("".join(r[1] for r in boxes))
+            texts.append("".join(r[1] for r in boxes if r[2] > 0))
         return texts
 
     def target(self, prompt: str) -> str:
+        if self.target_fn is not None:
+            return self.target_fn(prompt)
         text = quoted_text(prompt)
         if text is None:
             if self.require_quotes:

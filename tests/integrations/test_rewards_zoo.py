@@ -14,7 +14,7 @@ from transformers import (BertTokenizer, BlipConfig, BlipImageProcessor, BlipVis
 from transformers.models.blip.modeling_blip_text import BlipTextModel  # noqa: E402
 
 from integrations.rewards import (CLIPScore, Detection, GenEvalReward, HPSv21, ImageReward,  # noqa: E402
-                                  JPEGCompressibility, LAIONAesthetic, MissingWeightsError, MultiReward, PickScore,
+                                  JPEGCompressibility, LAIONAesthetic, MissingWeightsError, MultiReward, OCRReward, PickScore,
                                   ScoreMLP, available_rewards, get_reward, text_similarity)
 from integrations.rewards.preprocess import ImagePreprocessor  # noqa: E402
 
@@ -234,6 +234,68 @@ def test_text_similarity_is_flow_grpo_normalised_edit_distance():
     assert text_similarity("Hello World", "helloworld") == 1.0
     assert text_similarity("helo", "hello") == pytest.approx(0.8)
     assert text_similarity("something entirely longer", "abc") == 0.0
+    assert text_similarity("x407y", "407") == 1.0  # the target inside the recognised text scores in full
+
+
+def _levenshtein(a: str, b: str) -> int:
+    """Reference Levenshtein distance (the `Levenshtein.distance` the official scorer imports), by recursion."""
+    from functools import lru_cache
+
+    @lru_cache(maxsize=None)
+    def d(i: int, j: int) -> int:
+        if i == 0 or j == 0:
+            return i + j
+        return min(d(i - 1, j) + 1, d(i, j - 1) + 1, d(i - 1, j - 1) + (a[i - 1] != b[j - 1]))
+
+    return d(len(a), len(b))
+
+
+def _flow_grpo_ocr_reward(recognized_text: str, prompt: str) -> float:
+    """The official per-image formula, transcribed from yifan123/flow_grpo, flow_grpo/ocr.py, OcrScorer.__call__
+    (commit ac4c86e): spaces removed, lower case; dist = 0 when the target is in the recognised text, else the
+    Levenshtein distance, capped at len(prompt); reward = 1 - dist / len(prompt)."""
+    recognized_text = recognized_text.replace(" ", "").lower()
+    prompt = prompt.replace(" ", "").lower()
+    dist = 0 if prompt in recognized_text else _levenshtein(recognized_text, prompt)
+    if dist > len(prompt):
+        dist = len(prompt)
+    return 1 - dist / len(prompt)
+
+
+def test_text_similarity_equals_the_official_flow_grpo_formula():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    text = st.text(alphabet="0123456789 aAbS", max_size=7)
+
+    @settings(max_examples=300, derandomize=True, deadline=None)
+    @given(recognised=text, target=text.filter(lambda t: t.replace(" ", "")))
+    def check(recognised, target):
+        assert text_similarity(recognised, target) == pytest.approx(_flow_grpo_ocr_reward(recognised, target), abs=1e-12)
+
+    check()
+
+
+class _ScriptedOCR:
+    """An OCR engine in rapidocr's format that returns scripted texts, recording how it was called."""
+
+    def __init__(self, texts):
+        self.texts, self.calls = list(texts), []
+
+    def __call__(self, array, use_det=True, use_cls=False):
+        self.calls.append((array.copy(), use_det))
+        text = self.texts.pop(0)
+        return ([[text, 0.9]] if not use_det else [[[[0, 0], [1, 0], [1, 1], [0, 1]], text, 0.9]]), None
+
+
+def test_ocr_reward_single_line_through_a_view_with_a_target_function():
+    engine = _ScriptedOCR(["407", "4O7", "12"])
+    reward = OCRReward(engine=engine, target=lambda p: p.split()[-1], single_line=True, view=lambda x: 1 - x)
+    images = torch.zeros(3, 3, 8, 24)
+    scores = reward(images, ["the number 407", "the number 407", "the number 12"])
+    torch.testing.assert_close(scores, torch.tensor([1.0, 2 / 3, 1.0]))
+    assert all(use_det is False for _, use_det in engine.calls)
+    assert all((array == 255).all() for array, _ in engine.calls)  # black canvases read as white
 
 
 def test_geneval_reward_with_an_injected_detector():

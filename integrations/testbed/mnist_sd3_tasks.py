@@ -1,0 +1,168 @@
+"""The two tasks of the shipped MNIST-SD3 pipeline, built through the hub path like SD3.5-Medium.
+
+    from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+
+    task = mnist_sd3_task("digit", lora_rank=8, dtype="float32")   # a DiffusersTask on the shipped pipeline
+
+``mnist_sd3_task(kind, **model_settings)`` is :func:`integrations.diffusers_adapters.task.hub_task` on the hub
+model ``"mnist-sd3"`` with the task's own prompts, reward, image size, evaluation metrics and labels filled in
+where the model settings leave them unset (``None``); nothing else differs from ``sd3.5-medium``: the same
+``DiffusersTask``, peft LoRA, adapters-off reference, ``"old"`` adapter, scheduler grid, VAE decode and prompt
+cache.
+
+| task    | prompts (train / eval, held out)              | image  | reward                                   | judge |
+|---------|-----------------------------------------------|--------|------------------------------------------|-------|
+| digit   | "a handwritten seven" (50 / 30 phrasings)     | 32x32  | the testbed CNN classifier's probability | MLP   |
+| ocr     | "the number 407" (882 / 108 numbers 10..999)  | 32x96  | rapidocr, 1 - normalised edit distance   | MLP per digit slot |
+
+Evaluation numbers (beside ``reward_mean``, ``diversity``): ``accuracy`` (digit: the reward classifier's top
+class is the prompted digit; ocr: the task's reward is 1, i.e. the OCR reads the number in full), ``judge_accuracy`` (the
+testbed's MLP judge, a different model family trained on a disjoint MNIST split and never a reward: on the
+digit, or on every digit slot of the number), ``judge_gap = accuracy - judge_accuracy`` and
+``accuracy_per_prompt`` keyed by the label. For ocr the two accuracies measure different readers (rapidocr
+reads real handwritten numbers less often than the MLP reads their digits), so watch the change of the gap
+during training, not its level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from integrations.testbed.mnist_sd3 import prompts as grammar
+from integrations.testbed.mnist_sd3 import render
+from integrations.testbed.rewards import DigitProbability
+from integrations.testbed.tasks import get_task
+
+__all__ = ["MNIST_SD3_TASKS", "MnistSD3Spec", "digit_reward", "mnist_sd3_task", "number_slots", "ocr_reward"]
+
+
+def _classifiers():
+    """The testbed's frozen reward classifier (CNN) and independent judge (MLP), shared instances."""
+    testbed = get_task("digit")
+    return testbed.classifier(), testbed.judge()
+
+
+class PromptedDigitProbability:
+    """The testbed classifier's probability of the prompted digit on decoded RGB images: ``(B,)``.
+
+    ``reward(images, prompts)``: images ``(B, 3, 32, 32)`` in [0, 1] (read through ``render.classifier_view``),
+    prompts B digit-task strings (``prompts.parse_digit``).
+    """
+
+    def __init__(self):
+        self.probability = DigitProbability(_classifiers()[0])
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        digits = torch.tensor([grammar.parse_digit(p) for p in prompts])
+        return self.probability(render.classifier_view(images), digits)
+
+
+def digit_reward() -> PromptedDigitProbability:
+    return PromptedDigitProbability()
+
+
+def ocr_reward():
+    """The reward zoo's OCR reward (Flow-GRPO's formula) reading the prompted number: recognition only on the
+    inverted, upscaled canvas (``render.ocr_view``)."""
+    from integrations.rewards import get_reward
+
+    return get_reward("ocr", target=grammar.parse_number, single_line=True, view=render.ocr_view)
+
+
+def number_slots(length: int) -> list[int]:
+    """Left pixel column of each digit of a ``length``-digit number on the ``NUMBER_SIZE`` canvas (as
+    ``render.render_numbers`` places them: ``NUMBER_STRIDE`` apart, centred)."""
+    width = render.NUMBER_SIZE[1]
+    left = (width - render.MNIST_SIDE - (length - 1) * render.NUMBER_STRIDE) // 2
+    return [left + i * render.NUMBER_STRIDE for i in range(length)]
+
+
+def _per_prompt(correct: torch.Tensor, labels: list) -> dict[str, float]:
+    keys = [str(label) for label in labels]
+    out: dict[str, list[float]] = {}
+    for key, hit in zip(keys, correct.tolist()):
+        out.setdefault(key, []).append(float(hit))
+    return {key: sum(hits) / len(hits) for key, hits in sorted(out.items())}
+
+
+def _summary(correct: torch.Tensor, judged: torch.Tensor, labels: list) -> dict:
+    accuracy, judge_accuracy = correct.float().mean().item(), judged.float().mean().item()
+    return {"accuracy": accuracy, "judge_accuracy": judge_accuracy, "judge_gap": accuracy - judge_accuracy,
+            "accuracy_per_prompt": _per_prompt(correct, labels)}
+
+
+@torch.no_grad()
+def digit_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor) -> dict:
+    """Reward classifier and MLP judge accuracy on decoded digit images ``(B, 3, 32, 32)``."""
+    classifier, judge = _classifiers()
+    view = render.classifier_view(images)
+    digits = torch.tensor([grammar.parse_digit(p) for p in prompts])
+    correct = classifier(view).argmax(-1) == digits
+    judged = judge(view).argmax(-1) == digits
+    return _summary(correct, judged, digits.tolist())
+
+
+@torch.no_grad()
+def number_judge(images: torch.Tensor, numbers: list[str]) -> torch.Tensor:
+    """``(B,)`` bool: the MLP judge reads every digit slot of each number image ``(B, 3, 32, 96)`` right (each
+    slot a 28x28 crop where ``render.render_numbers`` draws it)."""
+    _, judge = _classifiers()
+    grey = render.grey(images).clamp(0, 1)
+    top = (render.NUMBER_SIZE[0] - render.MNIST_SIDE) // 2
+    side = render.MNIST_SIDE
+    correct = torch.ones(len(numbers), dtype=torch.bool)
+    for length in sorted({len(n) for n in numbers}):
+        rows = torch.tensor([i for i, n in enumerate(numbers) if len(n) == length])
+        crops = torch.stack([grey[rows, :, top:top + side, x0:x0 + side] for x0 in number_slots(length)], 1)
+        wanted = torch.tensor([[int(c) for c in numbers[i]] for i in rows.tolist()])
+        read = judge(crops.flatten(0, 1)).argmax(-1).view(len(rows), length)
+        correct[rows] = (read == wanted).all(-1)
+    return correct
+
+
+@torch.no_grad()
+def ocr_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor) -> dict:
+    """The ocr task's metrics: ``accuracy`` = share of images whose OCR reward ``rewards`` ``(B,)`` is 1 (the
+    number read in full), ``judge_accuracy``: every digit slot read right by the MLP judge."""
+    numbers = [grammar.parse_number(p) for p in prompts]
+    return _summary(rewards >= 1.0, number_judge(images, numbers), numbers)
+
+
+@dataclass(frozen=True)
+class MnistSD3Spec:
+    """What one MNIST-SD3 task brings: prompts per split, image size, reward, metrics and label."""
+
+    prompts: Callable[[str], list[tuple[str, object]]]
+    image_size: tuple[int, int]
+    reward: Callable[[], Callable]
+    metrics: Callable[[torch.Tensor, list[str], torch.Tensor], dict]
+    label: Callable[[str], object]
+
+
+MNIST_SD3_TASKS = {
+    "digit": MnistSD3Spec(grammar.digit_prompts, render.DIGIT_SIZE, digit_reward, digit_metrics, grammar.parse_digit),
+    "ocr": MnistSD3Spec(grammar.number_prompts, render.NUMBER_SIZE, ocr_reward, ocr_metrics, grammar.parse_number),
+}
+
+
+def mnist_sd3_task(kind: str, *, prompts=None, eval_prompts=None, reward=None, image_size=None, **settings):
+    """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"``) as a ``DiffusersTask`` through ``hub_task("mnist-sd3")``;
+    ``settings`` are the other ``hub_task`` arguments (the run config's ``model`` section)."""
+    from integrations.diffusers_adapters.task import hub_task
+
+    if kind not in MNIST_SD3_TASKS:
+        raise ValueError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
+    spec = MNIST_SD3_TASKS[kind]
+    return hub_task(
+        "mnist-sd3",
+        prompts=[p for p, _ in spec.prompts("train")] if prompts is None else prompts,
+        eval_prompts=[p for p, _ in spec.prompts("eval")] if eval_prompts is None else eval_prompts,
+        reward=spec.reward() if reward is None else reward,
+        image_size=spec.image_size if image_size is None else image_size,
+        metrics=spec.metrics,
+        label=spec.label,
+        **settings,
+    )
