@@ -83,6 +83,13 @@ class Algorithm:
     def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
         return self.loss_module(minibatch)
 
+    def loss_on_fresh_pairs(self, estimator, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
+        """The loss on timestep-noise pairs drawn for this gradient step (DiffusionNFT, AWM): drawn for the global
+        minibatch on every process, block kept."""
+        pairs = estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), generator=generator)
+        minibatch["pairs"] = self.shard.local(pairs)
+        return self.loss_module(minibatch)
+
     def after_iteration(self, iteration: int, grad_steps: int) -> None:
         """Called once the gradient steps of ``iteration`` are done; ``grad_steps``: gradient steps taken so far
         in the run (this iteration's included)."""
@@ -93,8 +100,11 @@ class Algorithm:
         return {"rollout": nfe_per_sample(self.config.rollout.solver, self.config.rollout.num_steps), "prepare": 0, "update": 0}
 
     def state_dict(self) -> dict:
-        """Algorithm state beyond the policy and optimizer (e.g. DiffusionNFT's old policy)."""
-        return {}
+        """Algorithm state beyond the policy and optimizer: the behaviour policy when there is one (DiffusionNFT's
+        old policy, AWM's soft-updated copy)."""
+        return {} if self.behaviour is None else {"old_policy": self.behaviour.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
+        if self.behaviour is not None:
+            self.behaviour.load_state_dict(state["old_policy"])

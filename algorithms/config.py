@@ -21,7 +21,7 @@ from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
-from vgrpo_lib.sde import LOG_PROB_REDUCTIONS
+from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
 from vgrpo_lib.weighting import WEIGHTINGS
 
@@ -80,7 +80,10 @@ class VGRPOConfig:
 
 @dataclass
 class FlowGRPOConfig:
-    noise_level: float = 0.7
+    """Flow-GRPO's settings; also those of GRPO-Guard and Flow-GRPO-Fast (the same SDE rollout and clipped loss)."""
+
+    noise_level: float = 0.7  # flow_sde: a of sigma_t = a sqrt(t / (1 - t)); cps: eta in (0, 1]
+    sde_type: str = "flow_sde"  # flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step)
     clip_epsilon: float = 1e-4
     log_prob_reduction: str = "mean"
     adv_clip: float = 5.0
@@ -107,6 +110,38 @@ class DiffusionNFTConfig:
     decay_max: float = 0.5
     decay_flat: int = 0
     kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
+
+
+@dataclass
+class FlowGRPOFastConfig:
+    """Flow-GRPO-Fast: SDE and training on a window of consecutive steps of an ODE rollout (SDE settings: flow_grpo.*)."""
+
+    branch_steps: int = 2  # steps in the window (official sde_window_size: 2-3)
+    branch_range: float = 0.5  # the window lies in the first int(branch_range * num_steps) steps (official: half)
+
+
+@dataclass
+class FPOConfig:
+    """FPO: the clipped ratio of conditional flow-matching losses on independent pairs (official playground values)."""
+
+    num_pairs: int = 8  # n_samples_per_action
+    timesteps: str = "grid"  # grid: i.i.d. from the rollout grid (discretize_t_for_training) | a timestep sampler name
+    weighting: str = "v"  # the CFM loss ||v - (eps - x)||^2 (the paper's; the playground default supervises eps)
+    clip_range: float = 0.05
+
+
+@dataclass
+class AWMConfig:
+    """AWM: advantage-weighted flow matching (official SD3.5-M GenEval/OCR configs)."""
+
+    num_pairs: int = 6  # train_timesteps
+    timestep_fraction: float = 0.9  # pairs' timesteps from the rollout grid's steps 1 .. int(fraction * T) - 1
+    weighting: str = "ghuber"
+    advantage_scale: float = 0.2  # advantage_max / adv_clip_max = 1 / 5
+    behaviour_kl_coef: float | None = 1.0  # velocity MSE to the soft-updated copy (ema_beta)
+    ref_kl_coef: float | None = None  # velocity MSE to the base policy (beta: 0.001 GenEval, 0.003 OCR)
+    decay_rate: float = 0.001  # copy's decay d = min(decay_rate * gradient steps so far, decay_max)
+    decay_max: float = 0.3
 
 
 @dataclass
@@ -145,7 +180,7 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    algo: str = "vgrpo"  # vgrpo | flow_grpo | diffusion_nft
+    algo: str = "vgrpo"  # vgrpo | flow_grpo | diffusion_nft | fpo | awm | grpo_guard | flow_grpo_fast
     task: str = "digit"
     seed: int = 0
     iterations: int = 60
@@ -162,6 +197,9 @@ class TrainConfig:
     vgrpo: VGRPOConfig = field(default_factory=VGRPOConfig)
     flow_grpo: FlowGRPOConfig = field(default_factory=FlowGRPOConfig)
     diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
+    fpo: FPOConfig = field(default_factory=FPOConfig)
+    awm: AWMConfig = field(default_factory=AWMConfig)
+    flow_grpo_fast: FlowGRPOFastConfig = field(default_factory=FlowGRPOFastConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -180,7 +218,7 @@ class TrainConfig:
         return _build(cls, data, "")
 
 
-ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft")
+ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft", "fpo", "awm", "grpo_guard", "flow_grpo_fast")
 PRECISIONS = ("float32", "bfloat16")
 
 
@@ -244,6 +282,10 @@ OPTIONS = {
     "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
     "flow_grpo.kl_form": FLOW_GRPO_KL_FORMS,
     "diffusion_nft.adv_mode": NFT_ADVANTAGE_MODES,
+    "flow_grpo.sde_type": tuple(SDE_TYPES),
+    "fpo.timesteps": ("grid", *TIMESTEP_SAMPLERS),
+    "fpo.weighting": tuple(WEIGHTINGS),
+    "awm.weighting": tuple(WEIGHTINGS),
     "diffusion_nft.weighting": tuple(WEIGHTINGS),
     "distributed.strategy": STRATEGIES,
     "precision": PRECISIONS,
@@ -277,13 +319,15 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     positive = lambda v: v > 0  # noqa: E731
     non_negative = lambda v: v >= 0  # noqa: E731
     for key in ("optim.max_grad_norm", "rollout.shift", "advantage.soft_clip", "advantage.clip", "flow_grpo.noise_level",
-                "flow_grpo.adv_clip", "flow_grpo.cfg_scale", "diffusion_nft.strength", "diffusion_nft.adv_max"):
+                "flow_grpo.adv_clip", "flow_grpo.cfg_scale", "diffusion_nft.strength", "diffusion_nft.adv_max",
+                "awm.advantage_scale"):
         need(key, positive, "> 0")
     for key in ("optim.weight_decay", "advantage.eps", "diffusion_nft.decay_flat", "vgrpo.clip_high", "vgrpo.kl_coef",
                 "vgrpo.ref_kl_coef", "flow_grpo.clip_epsilon", "flow_grpo.kl_coef", "diffusion_nft.decay_rate",
-                "diffusion_nft.kl_coef"):
+                "diffusion_nft.kl_coef", "awm.behaviour_kl_coef", "awm.ref_kl_coef", "awm.decay_rate"):
         need(key, non_negative, ">= 0")
-    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every", "model.lora_rank",
+    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every",
+                "fpo.num_pairs", "awm.num_pairs", "flow_grpo_fast.branch_steps", "model.lora_rank",
                 "model.lora_alpha", "model.batch_size"):
         need(key, lambda v: v >= 1, ">= 1")
     need("model.max_sequence_length", non_negative, ">= 0")  # 0: no T5 tokens (a pipeline without T5)
@@ -291,9 +335,42 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
     need("optim.ema_decay", lambda v: 0 <= v <= 1, "in [0, 1]")
+    need("awm.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
+    need("fpo.clip_range", lambda v: 0 <= v < 1, "in [0, 1)")
+    for key in ("awm.timestep_fraction", "flow_grpo_fast.branch_range"):
+        need(key, lambda v: 0 < v <= 1, "in (0, 1]")
+    _validate_peers(config)
     if config.vgrpo.noise == "antithetic" and config.vgrpo.num_pairs % 2:
         raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {config.vgrpo.num_pairs}.")
     need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
+
+
+def _validate_peers(config: TrainConfig) -> None:
+    """Settings of the peer algorithms that depend on each other or on the rollout."""
+    steps, flow = config.rollout.num_steps, config.flow_grpo
+    if flow.sde_type == "cps" and flow.noise_level > 1:
+        raise ValueError(f"flow_grpo.noise_level must be in (0, 1] with flow_grpo.sde_type=cps, got {flow.noise_level}.")
+    if flow.sde_type == "cps" and flow.window_size is not None:
+        raise ValueError("flow_grpo.window_size (MixGRPO) slides onto the last step, which has no noise with flow_grpo.sde_type=cps.")
+    if config.algo == "awm" and int(config.awm.timestep_fraction * steps) < 2:
+        raise ValueError(
+            f"awm.timestep_fraction * rollout.num_steps must be >= 2 (the pairs' timesteps are the grid's steps "
+            f"1 .. int(fraction * num_steps) - 1), got {config.awm.timestep_fraction} * {steps}."
+        )
+    if config.algo == "flow_grpo_fast":
+        fast = config.flow_grpo_fast
+        span = int(fast.branch_range * steps)
+        if flow.window_size is not None or flow.timestep_fraction != 1.0:
+            raise ValueError(
+                "flow_grpo.window_size (MixGRPO's window) and flow_grpo.timestep_fraction do not apply to flow_grpo_fast "
+                "(its branching window chooses the trained steps); unset them."
+            )
+        if fast.branch_steps > span:
+            raise ValueError(
+                f"flow_grpo_fast.branch_steps must be <= int(branch_range * rollout.num_steps) = {span}, got {fast.branch_steps}."
+            )
+        if flow.sde_type == "cps" and span >= steps:
+            raise ValueError("flow_grpo_fast.branch_range must leave out the last step with flow_grpo.sde_type=cps (it has no noise).")
 
 
 def parse_image_size(text: str) -> int | tuple[int, int] | None:

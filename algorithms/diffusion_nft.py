@@ -55,10 +55,7 @@ class DiffusionNFT(Algorithm):
         return self.behaviour
 
     def loss(self, minibatch, generator):
-        # Pairs for the global minibatch on every process, block kept.
-        pairs = self.estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), generator=generator)
-        minibatch["pairs"] = self.shard.local(pairs)
-        return self.loss_module(minibatch)
+        return self.loss_on_fresh_pairs(self.estimator, minibatch, generator)
 
     def after_iteration(self, iteration: int, grad_steps: int) -> None:
         self.behaviour.update_(self.decay(grad_steps))
@@ -66,9 +63,3 @@ class DiffusionNFT(Algorithm):
     def nfe(self) -> dict[str, int]:
         per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)
         return {**super().nfe(), "update": per_epoch * self.config.optim.epochs}
-
-    def state_dict(self) -> dict:
-        return {"old_policy": self.behaviour.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.behaviour.load_state_dict(state["old_policy"])

@@ -1,7 +1,7 @@
 """Flow-GRPO (Liu et al., 2025): generation as a T-step MDP through an SDE with the ODE's marginals.
 
-    rollout   the SDE sampler, recording each stochastic transition (z, z') and its log-density under the
-              behaviour policy (MixGRPO: SDE steps only inside a sliding window, ODE elsewhere), with CFG when
+    rollout   the SDE sampler (Flow-GRPO's SDE, or coefficients-preserving sampling: ``flow_grpo.sde_type=cps``),
+              recording each stochastic transition (z, z') and its log-density under the behaviour policy (MixGRPO: SDE steps only inside a sliding window, ODE elsewhere), with CFG when
               ``cfg_scale`` is not 1 (the official recipe: 4.5)
     prepare   one training row per trained transition, carrying its sample's advantage: the first
               ``int(num_steps * timestep_fraction)`` steps (official: 0.99, i.e. 9 of 10), and only samples with
@@ -10,7 +10,8 @@
               (``kl_form``: exact, or the official per-step form); with CFG the unconditional branch is detached
 
 Cost per sample and iteration: rollout steps + one forward per trained transition per epoch (each doubled by
-CFG, and by the reference's forward when a KL is on).
+CFG, and by the reference's forward when a KL is on). Subclasses (GRPO-Guard, Flow-GRPO-Fast) change the loss
+class or which steps are stochastic.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from vgrpo_lib.samplers import classifier_free_guidance, sample_sde
 
 class FlowGRPO(Algorithm):
     name = "flow_grpo"
+    loss_class = FlowGRPOLoss
+    record_mean = False  # the rollout also records each step's mean (GRPO-Guard's ratio normalisation)
 
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
@@ -40,7 +43,7 @@ class FlowGRPO(Algorithm):
         # Rollout and loss see the guided velocity; its unconditional branch carries no gradient (official).
         self.guided_policy = classifier_free_guidance(self.policy, policies.null_cond, c.cfg_scale, detach_uncond=True)
         reference = None if c.kl_coef is None else classifier_free_guidance(self.reference, policies.null_cond, c.cfg_scale)
-        self.loss_module = FlowGRPOLoss(
+        self.loss_module = self.loss_class(
             self.guided_policy,
             clip_epsilon=c.clip_epsilon,
             noise_level=c.noise_level,
@@ -49,11 +52,16 @@ class FlowGRPO(Algorithm):
             ref_model=reference,
             kl_coef=c.kl_coef,
             kl_form=c.kl_form,
+            sde_type=c.sde_type,
         )
 
     @staticmethod
     def needs_reference(config) -> bool:
         return config.flow_grpo.kl_coef is not None
+
+    def sde_steps(self, iteration: int, generator: torch.Generator) -> list[int] | None:
+        """The stochastic (and recorded) steps of this iteration's rollout; None: every step that has noise."""
+        return None if self.window is None else self.window(iteration)
 
     @torch.no_grad()
     def rollout(self, cond, group, generator, iteration):
@@ -65,11 +73,13 @@ class FlowGRPO(Algorithm):
             self.grid,
             cond,
             noise_level=c.noise_level,
-            sde_steps=None if self.window is None else self.window(iteration),
+            sde_steps=self.sde_steps(iteration, generator),
             # sample_sde draws each step's noise for the local batch: independent per process (not bitwise a
             # 1-process run, unlike the initial noise); the shared generator stays in sync.
             generator=self.shard.independent_generator(generator),
             log_prob_reduction=c.log_prob_reduction,
+            sde_type=c.sde_type,
+            record_mean=self.record_mean,
         )
         return TensorDict(
             {"sample": sample, "cond": cond, "group": group, "trajectory": trajectory}, batch_size=[group.shape[0]]
@@ -80,8 +90,10 @@ class FlowGRPO(Algorithm):
             batch = self._filter_zero_advantage(batch, generator)
         trajectory = batch["trajectory"][:, : self.trained_steps()]
         steps = trajectory.shape[1]
-        rows = trajectory.exclude("log_prob")
+        rows = trajectory.exclude("log_prob", "mean")
         rows["old_log_prob"] = trajectory["log_prob"]
+        if self.record_mean:
+            rows["old_mean"] = trajectory["mean"]
         rows["advantage"] = expand_rows(batch["advantage"], steps)
         rows["cond"] = expand_rows(batch["cond"], steps)
         return rows.reshape(-1)
@@ -109,7 +121,9 @@ class FlowGRPO(Algorithm):
     def trained_steps(self) -> int:
         if self.window is not None:
             return self.window.size
-        return int(self.config.rollout.num_steps * self.config.flow_grpo.timestep_fraction)
+        # A CPS step to t = 0 has no noise: never stochastic, never trained.
+        noisy = sum(1 for t_next in self.grid[1:] if self.config.flow_grpo.sde_type != "cps" or t_next > 0.0)
+        return min(int(self.config.rollout.num_steps * self.config.flow_grpo.timestep_fraction), noisy)
 
     def nfe(self) -> dict[str, int]:
         guidance = 2 if self.config.flow_grpo.cfg_scale != 1.0 else 1

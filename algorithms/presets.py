@@ -26,6 +26,18 @@ TESTBED = {
     "flow_grpo": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_epsilon=1e-4", "iterations=100"],
     # DiffusionNFT: old-policy rollout, every rollout timestep once per step.
     "diffusion_nft": ["optim.lr=1e-4", "iterations=100"],
+    # The peers, at their official settings except the learning rate (see each algorithm file):
+    # FPO: 8 independent pairs, clip 0.05, one gradient step per rollout as the other one-step algorithms.
+    "fpo": ["optim.lr=1e-4", "iterations=100"],
+    # AWM: one on-policy step, ghuber weighting, KL 1 to the soft-updated copy.
+    "awm": ["optim.lr=1e-4", "iterations=100"],
+    # GRPO-Guard: Flow-GRPO's two optimizer steps per rollout with the normalised ratio.
+    "grpo_guard": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_epsilon=1e-4", "iterations=100"],
+    # Flow-GRPO-Fast: CPS on 2 branching steps in the first half (official fast presets: noise 0.8, clip 1e-5).
+    "flow_grpo_fast": [
+        "optim.lr=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8", "flow_grpo.clip_epsilon=1e-5",
+        "iterations=100",
+    ],
 }
 
 OFFICIAL = {

@@ -55,11 +55,11 @@ class VGRPO(Algorithm):
             with torch.no_grad():
                 old = self.estimator.evaluate(self.policy, batch["sample"], batch["cond"], pairs)
             batch["old_log_prob"] = old["log_prob"].mean(dim=1)
-            if self.config.vgrpo.kl_coef is not None:
+            if self.loss_module.kl_coef is not None:
                 batch["old_x_pred"] = old["x_pred"]
         return batch
 
     def nfe(self) -> dict[str, int]:
-        k, epochs = self.config.vgrpo.num_pairs, self.config.optim.epochs
-        reference = k * epochs if self.needs_reference(self.config) else 0
+        k, epochs = self.estimator.num_pairs, self.config.optim.epochs
+        reference = k * epochs if self.loss_module.ref_kl_coef is not None else 0
         return {**super().nfe(), "prepare": 0 if self.single_step else k, "update": k * epochs + reference}
