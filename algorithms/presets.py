@@ -71,6 +71,37 @@ OFFICIAL = {
         "advantage.soft_clip=3.0", "vgrpo.ref_kl_coef=none", "optim.minibatch_size=none", "optim.epochs=1",
     ],
 }
+# The peers (see each algorithm file for where the settings were read).
+OFFICIAL |= {
+    # akanazawa/fpo, playground/src/flow_policy/fpo.py (FpoConfig): 8 pairs per sample, t from the flow schedule,
+    # clip 0.05, the playground's default output mode (the velocity output supervised as an eps prediction),
+    # advantages normalised over the batch; its PPO schedule (16 epochs x 32 minibatches of a value-based RL loop)
+    # is not carried over.
+    "fpo": [
+        "fpo.num_pairs=8", "fpo.timesteps=grid", "fpo.weighting=eps", "fpo.clip_range=0.05", "advantage.scale=batch",
+        "optim.minibatch_size=none", "optim.epochs=1",
+    ],
+    # scxue/advantage_weighted_matching, config/dgx_awm.py (geneval_sd3_no_cfg_1node) over config/base_awm.py:
+    # global-std advantages (eps 1e-4), clipped to 5 and scaled by 1/5, 6 pairs over grid steps 1..int(0.9 T)-1,
+    # ghuber weighting, KL 1 to the copy (decay min(0.001 step, 0.3)) and 0.001 to the base, one on-policy step,
+    # EMA 0.99 for evaluation, weight decay 1e-4. Its SA-solver rollout is not reproduced (an Euler ODE here).
+    "awm": [
+        "advantage.scale=batch", "advantage.eps=1e-4", "advantage.clip=5", "awm.advantage_scale=0.2", "awm.num_pairs=6",
+        "awm.timestep_fraction=0.9", "awm.weighting=ghuber", "awm.behaviour_kl_coef=1.0", "awm.ref_kl_coef=0.001",
+        "awm.decay_rate=0.001", "awm.decay_max=0.3", "optim.ema_decay=0.99", "optim.ema_every=1",
+        "optim.weight_decay=1e-4", "optim.minibatch_size=none", "optim.minibatches=1", "optim.epochs=1",
+    ],
+    # GRPO-Guard as Flow-Factory runs it: Flow-GRPO's official settings with the normalised ratio.
+    "grpo_guard": list(OFFICIAL["flow_grpo"]),
+    # yifan123/flow_grpo, config/grpo.py (geneval_sd3_fast_nocfg, pickscore_sd3_fast_nocfg): CPS with noise 0.8 on a
+    # window of 3 steps in the first half, clip 1e-5, no KL, no CFG, global-std advantages, EMA, two gradient steps.
+    "flow_grpo_fast": [
+        "advantage.scale=batch", "advantage.eps=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8",
+        "flow_grpo.clip_epsilon=1e-5", "flow_grpo.adv_clip=5", "flow_grpo.kl_coef=none", "flow_grpo.cfg_scale=1.0",
+        "flow_grpo_fast.branch_steps=3", "flow_grpo_fast.branch_range=0.5", "optim.ema_decay=0.9", "optim.ema_every=8",
+        "optim.weight_decay=1e-4", "optim.minibatch_size=none", "optim.minibatches=2", "optim.epochs=1",
+    ],
+}
 # The official SD3.5-Medium scale shared by the three (flow_grpo config/grpo.py and DiffusionNFT config/nft.py:
 # 48 groups of 24 per iteration, 10 training steps, 40 evaluation steps, lr 3e-4, 512 px).
 OFFICIAL_SD3 = [

@@ -104,7 +104,8 @@ def test_fpo_uses_independent_grid_pairs_and_starts_on_policy(tiny_config, tmp_p
     "overrides, message",
     [
         (["flow_grpo.sde_type=cps", "flow_grpo.noise_level=1.5"], r"flow_grpo.noise_level must be in \(0, 1\]"),
-        (["algo=flow_grpo_fast", "flow_grpo.window_size=2"], "does not apply to flow_grpo_fast"),
+        (["algo=flow_grpo_fast", "flow_grpo.window_size=2"], "do not apply to flow_grpo_fast"),
+        (["algo=flow_grpo_fast", "flow_grpo.timestep_fraction=0.5"], "do not apply to flow_grpo_fast"),
         (["algo=flow_grpo_fast", "flow_grpo_fast.branch_steps=4"], r"flow_grpo_fast.branch_steps must be <= int"),
         (["algo=flow_grpo_fast", "flow_grpo.sde_type=cps", "flow_grpo_fast.branch_range=1.0"], "must leave out the last step"),
         (["algo=awm", "awm.timestep_fraction=0.2"], "awm.timestep_fraction"),
