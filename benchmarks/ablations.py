@@ -11,9 +11,11 @@ so estimator effects are not masked), repeated over seeds. Two sets:
   gradient steps per rollout, and bf16 autocast (``precision=bfloat16``; without bf16 hardware the CPU emulates
   it, about 15x slower, so the cell is slow but its numbers are what bf16 arithmetic gives).
 
-A cell's verdict compares its naive run with its V-GRPO run at the same settings: ``lags`` when the naive
-final reward is lower by more than ``MARGIN`` (in units of the V-GRPO reward gain over the base policy),
-``diverges`` when the naive reward ends below the base policy's, otherwise ``keeps up``.
+A cell's verdict compares its naive run with its V-GRPO run at the same settings: ``collapses`` when V-GRPO
+itself ends below the base policy's reward (then no comparison of the two is meaningful), ``diverges`` when the
+naive reward ends below the base policy's, ``lags`` when the naive final reward is lower by more than ``MARGIN``
+(in units of the V-GRPO reward gain over the base policy), ``naive better`` when it is higher by more than that,
+otherwise ``keeps up``.
 """
 
 from __future__ import annotations
@@ -85,11 +87,16 @@ def run_cell(out: Path, name: str, overrides: list[str], seeds: int, iterations:
 
 
 def verdict(naive: dict, vgrpo: dict) -> str:
+    if vgrpo["final_reward"]["mean"] < vgrpo["base_reward"]:
+        return "collapses"
     gain = max(vgrpo["final_reward"]["mean"] - vgrpo["base_reward"], 1e-6)
     if naive["final_reward"]["mean"] < naive["base_reward"]:
         return "diverges"
-    if vgrpo["final_reward"]["mean"] - naive["final_reward"]["mean"] > MARGIN * gain:
+    difference = vgrpo["final_reward"]["mean"] - naive["final_reward"]["mean"]
+    if difference > MARGIN * gain:
         return "lags"
+    if -difference > MARGIN * gain:
+        return "naive better"
     return "keeps up"
 
 
@@ -124,6 +131,18 @@ def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quic
         raise ValueError(f"Unknown ablation set {which!r}; expected 'paper' or 'regime'.")
     atomic_write_text(out / f"{which}.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / f"{which}.md", markdown(report))
+    return report
+
+
+def reverdict(path: str | Path) -> dict:
+    """Recompute the verdicts of a saved regime report (``regime.json``) with the current :func:`verdict` and
+    rewrite it and its markdown beside it; the measured numbers are untouched."""
+    path = Path(path)
+    report = json.loads(path.read_text())
+    for cell in report["cells"].values():
+        cell["verdict"] = verdict(cell["naive"], cell["vgrpo"])
+    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    atomic_write_text(path.with_suffix(".md"), markdown(report))
     return report
 
 

@@ -1,6 +1,6 @@
 """The ``vgrpo`` console command: the training commands of :mod:`algorithms.cli` plus the benchmarks.
 
-    vgrpo compare [--quick] [--seeds N] [--task digit] --out DIR      the controlled comparison
+    vgrpo compare [--quick] [--seeds N] [--task digit] [--variants A B ...] --out DIR   the controlled comparison
     vgrpo estimators [--quick] [--task digit] --out DIR               the estimator lab (+ ground truth)
     vgrpo ablations [--set paper|regime] [--seeds N] [--quick] --out DIR   training-level ablations / regime map
 
@@ -20,7 +20,9 @@ __all__ = ["main"]
 def _compare(args) -> int:
     from benchmarks.compare import run_compare
 
-    summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides)
+    kwargs = {} if args.variants is None else {"variants": tuple(args.variants)}
+    summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
+                          iterations=args.iterations, **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -43,10 +45,12 @@ def _ablations(args) -> int:
 def make_parser():
     parser = training_cli.make_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
-    compare = commands.add_parser("compare", help="V-GRPO vs Flow-GRPO vs DiffusionNFT on one task and budget")
+    compare = commands.add_parser("compare", help="V-GRPO against its baselines and peers, tuned alike, on one task")
     compare.add_argument("--task", choices=sorted(TASKS), default="digit")
-    compare.add_argument("--seeds", type=int, default=1)
-    compare.add_argument("--quick", action="store_true", help="a short budget (about 30 minutes on 2 cores)")
+    compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
+    compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
+    compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
+    compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
     compare.add_argument("--out", required=True)
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")
     compare.set_defaults(handler=_compare)

@@ -1,93 +1,184 @@
-"""The controlled comparison: V-GRPO, Flow-GRPO and DiffusionNFT on the same task, base policy, prompts, reward,
-group size and iteration budget, each at its documented testbed preset (``algorithms.presets.TESTBED``).
+"""The controlled comparison: V-GRPO against its baselines and peers on the same task, base policy, prompts,
+reward, group size and iteration budget, under a protocol that favours no algorithm (issue 12):
 
-Every run records training reward, held-out evaluation, wall-clock seconds, NFE per sample and gradient steps
-(:mod:`algorithms.trainer`). Time to target is read off the training-reward curve (a 3-iteration moving average)
-against a target fixed BEFORE the run per task (``TARGETS``). Writes ``DIR/summary.json``, ``DIR/summary.md``
-and plots of reward against wall-clock, NFE and gradient steps with seed bands, plus each run's directory.
+1. **Tuning** on ``TUNING_SEED``, which is not among the reported seeds. Every algorithm gets the same budget: the
+   grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as many for each): one gradient step
+   per rollout, two epochs over the rollout (with the algorithm's ratio clip where it has one), and the
+   several-steps setting of its own paper.
+2. **Target**, by a rule that depends on no algorithm's pilot, fixed after tuning and before any reported run:
+   ``base + TARGET_FRACTION * (ceiling - base)``, where ``base`` is the mean first-iteration training reward of
+   every tuning run (the base policy's) and ``ceiling`` the best smoothed training reward any tuning run reaches.
+   It is written to ``DIR/protocol.json`` before the reported runs start and stated in the summary.
+3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
+   final reward).
+4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
+   smoke tests and may use fewer).
+5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the
+   target (a seed that never reaches it counts as infinite), and, against ``REFERENCE`` (V-GRPO), the ratio of
+   medians with a bootstrap 90% interval (seeds resampled within each algorithm).
 
-Fair tuning: every algorithm gets the same learning-rate sweep (``LEARNING_RATES``) on seed 0; the rate with
-the shortest time to target (else the best final reward) is then run on every seed. KL terms to the base
-policy are off for all of them (they trade reward for diversity, a separate axis: see the README), so the
-comparison is between the algorithms' cores. The sweep results are kept in the summary.
+Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`algorithms.trainer`);
+time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes
+``DIR/protocol.json``, ``DIR/summary.json``, ``DIR/summary.md``, reward plots against wall-clock, NFE and gradient
+steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
+Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
+cores are compared; the other official settings are on (``--preset official``, README "Fidelity").
+
+Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls default to
+``DEFAULT_STEP_CONTROLS``).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from algorithms.cli import build_config
 from algorithms.run_dir import atomic_write_text, pyplot, save_figure
 from algorithms.trainer import Trainer
 
-# Target mean training reward per task, fixed before the comparison runs, about 80% of the way from the base
-# policy's reward to the best final reward of pilot V-GRPO runs: digit base 0.47, pilots 0.92-0.99 -> 0.85;
-# pair base 0.10, pilots 0.36 (20 iterations) to 0.94 (150) -> 0.5; style base 0.54, pilot 1.0 -> 0.9;
-# digit_style (digit probability + 0.5 thickness, base about 0.74, no pilot) -> 1.2; digits8 (tests) -> 0.6.
-# style: the 80% rule gives 0.9, which every algorithm passed within 2 iterations in the quick comparison (the
-# reward ignores the prompt and saturates); 0.99 (near saturation) asks for convergence instead of a first jump.
-TARGETS = {"digit": 0.85, "pair": 0.5, "style": 0.99, "digit_style": 1.2, "digits8": 0.6}
+TUNING_SEED = 100
+MIN_SEEDS = 5
+TARGET_FRACTION = 0.8
 SMOOTHING = 3
 LEARNING_RATES = (1e-4, 3e-4, 1e-3)
+REFERENCE = "vgrpo"
+BOOTSTRAP_RESAMPLES = 2000
+INTERVAL = 0.9
+DIAGNOSTICS = ("clip_fraction", "clip_fraction_active", "approx_kl_k3", "approx_kl_sq")
 
-# name -> (algorithm, overrides on top of its testbed preset). MixGRPO is Flow-GRPO with a sliding SDE window.
-VARIANTS = {
-    "vgrpo": ("vgrpo", ["vgrpo.ref_kl_coef=none"]),
-    "flow_grpo": ("flow_grpo", []),
-    "mixgrpo": ("flow_grpo", ["flow_grpo.window_size=4", "flow_grpo.window_shift_interval=10"]),
-    "diffusion_nft": ("diffusion_nft", []),
+# One step per rollout; two epochs (clipped where the algorithm clips its ratio); two minibatches per rollout.
+DEFAULT_STEP_CONTROLS = {
+    "one_step": ("optim.epochs=1", "optim.minibatches=1"),
+    "two_epochs": ("optim.epochs=2", "optim.minibatches=1"),
+    "two_minibatches": ("optim.epochs=1", "optim.minibatches=2"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An algorithm as the comparison runs it: ``algo`` at ``preset`` with ``overrides``, tuned over
+    ``step_controls`` (name -> overrides) x the learning rates."""
+
+    algo: str
+    overrides: tuple[str, ...] = ()
+    step_controls: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_STEP_CONTROLS))
+    preset: str = "official"
+
+
+FLOW_GRPO_CORE = ("flow_grpo.kl_coef=none", "flow_grpo.cfg_scale=1.0")
+VARIANTS: dict[str, Variant] = {
+    # The paper's preference-stage control (one step, soft-clipped advantages) replaces a plain two-minibatch
+    # setting; two epochs use the ratio clip (0.01) the paper uses over several steps.
+    "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), {
+        "one_step": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=none"),
+        "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_low=0.01",
+                       "vgrpo.clip_high=0.01"),
+        "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0"),
+    }),
+    # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
+    "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
+    # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).
+    "mixgrpo": Variant("flow_grpo", (*FLOW_GRPO_CORE, "flow_grpo.timestep_fraction=1.0", "flow_grpo.window_size=4",
+                                     "flow_grpo.window_shift_interval=10")),
+    # Official: one gradient step per rollout (GenEval, PickScore), two minibatches for OCR.
+    "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.kl_coef=none",)),
 }
 TASK_OVERRIDES = {"pair": ["eval.per_prompt=4"]}
 
 
-def build(variant: str, task: str, seed: int, lr: float, overrides: list[str]):
-    algo, variant_overrides = VARIANTS[variant]
-    extra = [*variant_overrides, *TASK_OVERRIDES.get(task, []), f"seed={seed}", f"optim.lr={lr}", *overrides]
-    return build_config(algo, task, "testbed", extra)
+def build(variant: str, task: str, seed: int, lr: float, control: str, overrides: list[str]):
+    v = VARIANTS[variant]
+    extra = [*v.overrides, *v.step_controls[control], *TASK_OVERRIDES.get(task, []), f"seed={seed}", f"optim.lr={lr}",
+             *overrides]
+    return build_config(v.algo, task, v.preset, extra)
+
+
+def smoothed(metrics: list[dict]) -> list[float]:
+    """Training reward averaged over the last ``SMOOTHING`` iterations, per iteration."""
+    rewards = [m["reward_mean"] for m in metrics]
+    return [statistics.mean(rewards[max(0, i - SMOOTHING + 1): i + 1]) for i in range(len(rewards))]
+
+
+def target_rule(tuning_curves: list[list[dict]], fraction: float = TARGET_FRACTION) -> dict:
+    """``base + fraction * (ceiling - base)`` from the tuning runs of every algorithm (see the module doc)."""
+    base = statistics.mean(curve[0]["reward_mean"] for curve in tuning_curves)
+    ceiling = max(max(smoothed(curve)) for curve in tuning_curves)
+    return {"base": base, "ceiling": ceiling, "fraction": fraction, "target": base + fraction * (ceiling - base),
+            "rule": f"base + {fraction} x (ceiling - base); base: mean first-iteration training reward of every "
+                    f"tuning run; ceiling: best {SMOOTHING}-iteration smoothed training reward of any tuning run"}
 
 
 def time_to_target(metrics: list[dict], target: float) -> dict:
     """First iteration whose smoothed training reward reaches ``target``: wall-clock and CPU seconds, NFE and
-    gradient steps then."""
-    rewards = [m["reward_mean"] for m in metrics]
-    for i in range(len(rewards)):
-        window = rewards[max(0, i - SMOOTHING + 1): i + 1]
-        if sum(window) / len(window) >= target:
-            row = metrics[i]
+    gradient steps then (None where it never does)."""
+    for row, value in zip(metrics, smoothed(metrics)):
+        if value >= target:
             return {"time_to_target_s": row["train_seconds"], "cpu_time_to_target_s": row.get("train_cpu_s"),
                     "nfe_to_target": row["nfe_cumulative"], "steps_to_target": row["grad_steps"]}
     return {"time_to_target_s": None, "cpu_time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
 
 
-def summarise_run(trainer: Trainer, target: float) -> dict:
-    metrics, final = trainer.metrics, trainer.evaluations[-1]
+def summarise_run(metrics: list[dict], evaluations: list[dict], target: float) -> dict:
+    final = evaluations[-1]
     tail = [m["reward_mean"] for m in metrics[-SMOOTHING:]]
-    return {
+    out = {
         **time_to_target(metrics, target),
-        "final_reward": sum(tail) / len(tail),
+        "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
-        "final_accuracy": final["accuracy"],
-        "judge_accuracy": final["judge_accuracy"],
-        "judge_gap": final["judge_gap"],
-        "diversity": final["diversity"],
-        "base_accuracy": trainer.evaluations[0]["accuracy"],
+        "final_accuracy": final.get("accuracy"),
+        "judge_accuracy": final.get("judge_accuracy"),
+        "judge_gap": final.get("judge_gap"),
+        "diversity": final.get("diversity"),
+        "base_accuracy": evaluations[0].get("accuracy"),
         "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
         "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
         "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
     }
+    # The ratio diagnostics, averaged over iterations, for the losses that have a ratio.
+    out.update({key: statistics.mean(m[key] for m in metrics) for key in DIAGNOSTICS if key in metrics[0]})
+    return out
+
+
+def _finite(value) -> float:
+    return math.inf if value is None else float(value)
+
+
+def median_ratio_interval(reference: list, other: list, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                          level: float = INTERVAL, seed: int = 0) -> dict:
+    """``median(reference) / median(other)`` and its bootstrap ``level`` interval (each list resampled with
+    replacement on its own, ``resamples`` times, fixed RNG). None stands for a seed that never reached the
+    target (infinite); a ratio with an infinite median is reported as None (not estimable)."""
+    rng = random.Random(seed)
+    a, b = [_finite(v) for v in reference], [_finite(v) for v in other]
+
+    def ratio(x, y):
+        mx, my = statistics.median(x), statistics.median(y)
+        return None if math.isinf(mx) or math.isinf(my) or my == 0 else mx / my
+
+    draws = [ratio(rng.choices(a, k=len(a)), rng.choices(b, k=len(b))) for _ in range(resamples)]
+    finite = sorted(d for d in draws if d is not None)
+    tail = (1.0 - level) / 2
+    interval = None
+    if len(finite) >= 0.9 * resamples:  # at most 10% of the resamples not estimable
+        interval = [finite[int(tail * (len(finite) - 1))], finite[int((1 - tail) * (len(finite) - 1))]]
+    return {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
+            "estimable_share": len(finite) / resamples}
 
 
 def _aggregate(per_seed: list[dict]) -> dict:
     out = {}
     for key in per_seed[0]:
         values = [run[key] for run in per_seed]
-        reached = [v for v in values if v is not None]
         if key.endswith("to_target") or key.endswith("to_target_s"):
-            out[key] = statistics.median(reached) if len(reached) == len(values) else None
-            out[f"{key}_reached"] = f"{len(reached)}/{len(values)}"
-        else:
+            median = statistics.median(_finite(v) for v in values)
+            out[key] = None if math.isinf(median) else median
+            out[f"{key}_reached"] = f"{sum(v is not None for v in values)}/{len(values)}"
+        elif all(v is not None for v in values):
             out[key] = statistics.mean(values)
             if len(values) > 1:
                 out[f"{key}_std"] = statistics.stdev(values)
@@ -95,62 +186,105 @@ def _aggregate(per_seed: list[dict]) -> dict:
 
 
 def _score(result: dict) -> tuple:
-    """Sort key of a sweep run: reached the target first, then earlier, then higher final reward."""
+    """Sort key of a tuning run: reached the target first, then earlier, then higher final reward."""
     reached = result["time_to_target_s"] is not None
     return (not reached, result["time_to_target_s"] if reached else 0.0, -result["final_reward"])
 
 
-def run_compare(out: str | Path, *, task: str = "digit", seeds: int = 1, quick: bool = False,
-                variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None) -> dict:
-    out = Path(out)
-    budget = ["iterations=30", "eval.every=10"] if quick else ["iterations=80", "eval.every=10"]
-    target = TARGETS[task]
-    runs: dict[str, list[dict]] = {}
-    curves: dict[str, list[list[dict]]] = {}
-    sweep: dict[str, dict[str, dict]] = {}
+def _check_variants(variants) -> None:
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"Unknown variant(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(VARIANTS)}.")
+    sizes = {v: len(VARIANTS[v].step_controls) for v in variants}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")
 
-    def train(variant: str, seed: int, lr: float) -> Trainer:
-        config = build(variant, task, seed, lr, budget + list(overrides or []))
-        trainer = Trainer(config, out / "runs" / f"{variant}_lr{lr:g}_seed{seed}", progress=False)
+
+def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
+                variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
+                iterations: int | None = None) -> dict:
+    """Tune, fix the target, run the reported seeds and write the summary (see the module doc)."""
+    if seeds < MIN_SEEDS and not quick:
+        raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
+    _check_variants(variants)
+    out = Path(out)
+    iterations = iterations or (30 if quick else 80)
+    budget = [f"iterations={iterations}", "eval.every=10"]
+    extra = budget + list(overrides or [])
+
+    def train(variant: str, seed: int, lr: float, control: str) -> Trainer:
+        config = build(variant, task, seed, lr, control, extra)
+        trainer = Trainer(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}", progress=False)
         trainer.train()
-        result = summarise_run(trainer, target)
-        print(f"{variant:<14} lr {lr:<7g} seed {seed}: time to target {result['time_to_target_s']}, final reward "
-              f"{result['final_reward']:.3f}, accuracy {result['final_accuracy']:.3f}", flush=True)
+        print(f"{variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
+              f"{statistics.mean(m['reward_mean'] for m in trainer.metrics[-SMOOTHING:]):.3f}", flush=True)
         return trainer
 
+    tuning = {variant: {(control, lr): train(variant, TUNING_SEED, lr, control)
+                        for control in VARIANTS[variant].step_controls for lr in learning_rates}
+              for variant in variants}
+    target = target_rule([t.metrics for runs in tuning.values() for t in runs.values()])
+    chosen, sweep = {}, {}
+    for variant, runs in tuning.items():
+        results = {key: summarise_run(t.metrics, t.evaluations, target["target"]) for key, t in runs.items()}
+        chosen[variant] = min(results, key=lambda key: _score(results[key]))
+        sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
+    protocol = {"task": task, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
+                "overrides": list(overrides or []), "learning_rates": list(learning_rates),
+                "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target,
+                "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
+    atomic_write_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
+    print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
+
+    runs, curves = {}, {}
     for variant in variants:
-        trials = {}
-        for lr in learning_rates:
-            trainer = train(variant, 0, lr)
-            trials[lr] = (summarise_run(trainer, target), trainer.metrics)
-        best_lr = min(trials, key=lambda lr: _score(trials[lr][0]))
-        sweep[variant] = {f"{lr:g}": trials[lr][0] for lr in learning_rates} | {"chosen_lr": best_lr}
-        runs[variant], curves[variant] = [trials[best_lr][0]], [trials[best_lr][1]]
-        for seed in range(1, seeds):
-            trainer = train(variant, seed, best_lr)
-            runs[variant].append(summarise_run(trainer, target))
-            curves[variant].append(trainer.metrics)
-    summary = {"task": task, "target_reward": target, "seeds": seeds, "budget": budget,
-               "learning_rates": list(learning_rates),
-               "algorithms": {variant: _aggregate(r) | {"lr": sweep[variant]["chosen_lr"]} for variant, r in runs.items()},
-               "per_seed": runs, "sweep": sweep}
+        control, lr = chosen[variant]
+        trainers = [train(variant, seed, lr, control) for seed in range(seeds)]
+        runs[variant] = [summarise_run(t.metrics, t.evaluations, target["target"]) for t in trainers]
+        curves[variant] = [t.metrics for t in trainers]
+    ratios = {}
+    if REFERENCE in runs:
+        for variant in runs:
+            if variant != REFERENCE:
+                ratios[variant] = {key: median_ratio_interval([r[key] for r in runs[REFERENCE]], [r[key] for r in runs[variant]])
+                                   for key in ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target")}
+    summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
+               "algorithms": {v: _aggregate(r) | protocol["chosen"][v] for v, r in runs.items()},
+               "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(out / "summary.md", markdown_table(summary))
     for x_key, label in (("train_seconds", "wall-clock seconds"), ("nfe_cumulative", "NFE per sample"),
                          ("grad_steps", "gradient steps")):
-        plot_curves(curves, x_key, label, target, out / f"reward_vs_{x_key}.png")
+        plot_curves(curves, x_key, label, target["target"], out / f"reward_vs_{x_key}.png")
     return summary
 
 
+def _cell(value) -> str:
+    return "—" if value is None else (f"{value:.3g}" if isinstance(value, float) else str(value))
+
+
 def markdown_table(summary: dict) -> str:
-    keys = ["lr", "time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward",
-            "final_accuracy",
-            "judge_gap", "diversity", "seconds_per_iteration", "cpu_seconds_per_iteration", "nfe_per_sample_per_iteration"]
-    lines = [f"Task `{summary['task']}`, target reward {summary['target_reward']}, {summary['seeds']} seed(s).", "",
+    p = summary["protocol"]
+    keys = ["step_control", "lr", "time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "steps_to_target",
+            "final_reward", "final_accuracy", "judge_gap", "diversity", "seconds_per_iteration",
+            "nfe_per_sample_per_iteration", "clip_fraction", "approx_kl_sq"]
+    lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) (tuning seed {p['tuning_seed']}). "
+             f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",
+             "Medians over seeds (to target; a seed that never reaches it counts as infinite), means otherwise.", "",
              "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo, row in summary["algorithms"].items():
-        cells = ["—" if row[k] is None else (f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k])) for k in keys]
-        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        lines.append(f"| {algo} | " + " | ".join(_cell(row.get(k)) for k in keys) + " |")
+    ratios = summary[f"ratios_vs_{REFERENCE}"]
+    if ratios:
+        lines += ["", f"Ratio of {REFERENCE}'s median to each algorithm's, bootstrap {INTERVAL:.0%} interval:", "",
+                  "| algorithm | time | CPU time | NFE |", "|---|---|---|---|"]
+        for algo, by_key in ratios.items():
+            cells = []
+            for key in ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target"):
+                r = by_key[key]
+                interval = "" if r["interval"] is None else f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]"
+                cells.append(("—" if r["ratio"] is None else f"{r['ratio']:.2f}") + interval)
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

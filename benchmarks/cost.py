@@ -7,6 +7,7 @@ iteration as the trainer counts it (paper accounting for V-GRPO: rollout steps +
 single-step, + K with grad per gradient step).
 
     python -m benchmarks.cost --out results/cost.json
+    python -m benchmarks.cost --task pair --phases-only --out results/cost-pair.json   # the per-phase split on a task
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ def measure(algo: str, overrides: list[str]) -> dict:
     return out
 
 
+def phase_split(task: str) -> dict:
+    """Per-phase seconds of each algorithm's iteration on ``task`` as the comparison runs it (no KL to the base)."""
+    report = {}
+    for algo, extra in (("vgrpo", ["vgrpo.ref_kl_coef=none"]), ("flow_grpo", []), ("diffusion_nft", [])):
+        report[algo] = measure(algo, [f"task={task}", *extra])
+        print(algo, json.dumps(report[algo]), flush=True)
+    return {"task": task, "algorithms": report}
+
+
 def run(quick: bool = False) -> dict:
     report = {"algorithms": {}, "vgrpo_scaling": {}}
     for algo, extra in (("vgrpo", []), ("vgrpo", ["optim.epochs=2"]), ("flow_grpo", []), ("diffusion_nft", [])):
@@ -59,9 +69,11 @@ def run(quick: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--task", default=None, help="with --phases-only: the task (default the testbed's digit)")
+    parser.add_argument("--phases-only", action="store_true", help="only the per-phase split of each algorithm")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = run(args.quick)
+    report = phase_split(args.task or "digit") if args.phases_only else run(args.quick)
     if args.out:
         atomic_write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
 

@@ -5,7 +5,10 @@ G samples with their real rewards and advantages, over R independent draws of ti
 
 - ``cv``, ``within_group_cv``, ``mc_noise_share``, ``rank_agreement`` (see :mod:`benchmarks.estimator_stats`);
 - ``log_ratio_variance``: variance over draws of ``s_theta' - s_theta`` between the policy and a nearby one
-  (one small gradient step away), with common pairs: what the importance ratio sees;
+  (one small gradient step away), with common pairs: what the importance ratio sees; ``log_ratio_mean_abs`` the
+  size of that log-ratio (mean over samples of its mean over draws, absolute) and ``log_ratio_relative_variance``
+  the variance relative to it (``variance / mean_abs^2``: noise to signal, comparable across weightings whose
+  surrogates differ in scale);
 - ``gradient_cosine`` (with its jackknife SE) and ``gradient_relative_variance`` of the policy gradient
   ``grad -(1/N) sum_i A_i s_theta(o_i)`` between draws: a lower CV is not the same as a less noisy gradient,
   so the gradient is measured directly;
@@ -137,6 +140,7 @@ def measure(estimator, policy, nearby, sample, cond, group, advantage, draws: in
         "rank_agreement": within_group_rank_agreement(values, group),
         "log_ratio_variance": log_ratios.var(0).mean().item(),
         "log_ratio_mean_abs": log_ratios.mean(0).abs().mean().item(),
+        "log_ratio_relative_variance": (log_ratios.var(0).mean() / log_ratios.mean(0).abs().mean().square()).item(),
         **gradient_agreement(torch.stack(gradients)),
         "nfe_per_sample": estimator.num_pairs,
         "seconds_per_evaluation": sorted(seconds)[len(seconds) // 2],

@@ -1,20 +1,27 @@
 """Ground truth for the ELBO surrogate: where the exact log-likelihood is computable.
 
-On a 2-D rectified-flow model the exact ``log pi_theta(x)`` follows from the probability-flow ODE with the
-exact divergence (instantaneous change of variables):
+On a low-dimensional rectified-flow model the exact ``log pi_theta(x)`` follows from the probability-flow ODE
+with the exact divergence (instantaneous change of variables):
 
     log p_0(x) = log N(z_1; 0, I) + int_0^1 div_z v_theta(z_t, t) dt,     dz_t/dt = v_theta(z_t, t), z_0 = x
 
-We pretrain a small velocity MLP on a ring of 8 Gaussians, take a nearby policy (a few more steps on a
-re-weighted data set) and, on samples of the first, compare the exact log-ratio ``log pi' - log pi`` with each
-estimator's surrogate log-ratio ``s' - s`` (common pairs). The figure of merit is the Spearman rank correlation
-over samples and within groups: GRPO only needs the ELBO ratio to order samples like the true ratio.
+We pretrain a small velocity MLP on a ring of 8 Gaussians (in the first two of ``dim`` coordinates; the others
+are Gaussian noise of the same width, so ``dim`` changes the dimension and nothing else), take a nearby policy
+(a few more steps on a re-weighted data set) and, on samples of the first, compare the exact log-ratio
+``log pi' - log pi`` with each estimator's surrogate log-ratio ``s' - s`` (common pairs). The figures of merit:
+the Spearman rank correlation over samples and within groups (GRPO only needs the ELBO ratio to order samples
+like the true ratio; within groups is what the group-relative advantage uses), and the Monte-Carlo variance of
+the log-ratio relative to the exact log-ratio's size (``log_ratio_noise_to_signal``: variance over draws,
+averaged over samples, divided by the exact log-ratio's mean square).
+
+    python -m benchmarks.ground_truth --seeds 0 1 2 --dims 2 16 --out results/ground_truth/ground_truth.json
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,32 +32,36 @@ from vgrpo_lib.samplers import sample_ode, time_grid
 
 
 class ToyVelocity(nn.Module):
-    """``v(z, t)`` for 2-D points: an MLP on ``(z, sin/cos features of t)``; ``cond`` is ignored."""
+    """``v(z, t)`` for ``dim``-D points: an MLP on ``(z, sin/cos features of t)``; ``cond`` is ignored."""
 
-    def __init__(self, width: int = 128):
+    def __init__(self, width: int = 128, dim: int = 2):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(), nn.Linear(width, 2))
+        self.net = nn.Sequential(nn.Linear(dim + 4, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
+                                 nn.Linear(width, dim))
 
     def forward(self, z, t, cond=None):
         angles = math.pi * t[:, None] * torch.tensor([1.0, 2.0], dtype=z.dtype)
         return self.net(torch.cat([z, angles.sin(), angles.cos()], dim=1))
 
 
-def ring_data(n: int, generator: torch.Generator, right_weight: float = 1.0) -> torch.Tensor:
-    """``n`` points from 8 Gaussians (std 0.25) on a circle of radius 2; ``right_weight`` up-weights x > 0."""
+def ring_data(n: int, generator: torch.Generator, right_weight: float = 1.0, dim: int = 2) -> torch.Tensor:
+    """``n`` points ``[n, dim]`` from 8 Gaussians (std 0.25) on a circle of radius 2 in the first two coordinates,
+    N(0, 0.25^2) in the others; ``right_weight`` up-weights the centres with x > 0."""
     angles = torch.arange(8) * (2 * math.pi / 8)
     centres = torch.stack([2 * angles.cos(), 2 * angles.sin()], 1)
     weights = torch.where(centres[:, 0] > 0.1, right_weight, 1.0)
     index = torch.multinomial(weights / weights.sum(), n, replacement=True, generator=generator)
-    return centres[index] + 0.25 * torch.randn(n, 2, generator=generator)
+    centres = torch.cat([centres[index], torch.zeros(n, dim - 2)], 1)
+    return centres + 0.25 * torch.randn(n, dim, generator=generator)
 
 
-def fit(model: nn.Module, steps: int, generator: torch.Generator, right_weight: float = 1.0, lr: float = 2e-3):
+def fit(model: nn.Module, steps: int, generator: torch.Generator, right_weight: float = 1.0, lr: float = 2e-3,
+        dim: int = 2):
     """Flow-matching pretraining: the loss is minus the v-weighted, single-pair ELBO surrogate."""
     estimator = ELBOSurrogate(num_pairs=1, timesteps="uniform", sharing="none", weighting="v")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
-        x = ring_data(256, generator, right_weight)
+        x = ring_data(256, generator, right_weight, dim)
         loss = -estimator(model, x, None, estimator.sample_pairs(x, generator=generator)).mean()
         optimizer.zero_grad()
         loss.backward()
@@ -65,7 +76,8 @@ def exact_log_likelihood(model: nn.Module, x: torch.Tensor, steps: int = 100) ->
         with torch.enable_grad():
             z = z.detach().requires_grad_(True)
             v = model(z, torch.full((z.shape[0],), t, dtype=z.dtype), None)
-            div = sum(torch.autograd.grad(v[:, i].sum(), z, retain_graph=i == 0)[0][:, i] for i in range(2))
+            dim = z.shape[1]
+            div = sum(torch.autograd.grad(v[:, i].sum(), z, retain_graph=i < dim - 1)[0][:, i] for i in range(dim))
         return v.detach(), div.detach()
 
     z, integral, h = x.clone(), torch.zeros(x.shape[0], dtype=x.dtype), 1.0 / steps
@@ -77,31 +89,96 @@ def exact_log_likelihood(model: nn.Module, x: torch.Tensor, steps: int = 100) ->
         v4, d4 = field(z + h * v3, t + h)
         z = z + h / 6 * (v1 + 2 * v2 + 2 * v3 + v4)
         integral = integral + h / 6 * (d1 + 2 * d2 + 2 * d3 + d4)
-    return -0.5 * z.square().sum(1) - math.log(2 * math.pi) + integral
+    return -0.5 * z.square().sum(1) - 0.5 * x.shape[1] * math.log(2 * math.pi) + integral
 
 
 def ground_truth_check(estimators: dict[str, dict], *, samples: int = 256, group_size: int = 8, draws: int = 4,
-                       seed: int = 0, pretrain_steps: int = 1500, finetune_steps: int = 60) -> dict:
-    """Rank correlation of each estimator's log-ratio with the exact log-ratio (overall and within groups)."""
+                       seed: int = 0, pretrain_steps: int = 1500, finetune_steps: int = 60, dim: int = 2) -> dict:
+    """Rank correlation of each estimator's log-ratio with the exact log-ratio (overall and within groups, mean over
+    ``draws`` draws of pairs) and the log-ratio's Monte-Carlo variance, absolute and relative to the exact
+    log-ratio's mean square, on one seed's pair of toy policies."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    policy = fit(ToyVelocity(), pretrain_steps, generator).requires_grad_(False)
-    nearby = fit(copy.deepcopy(policy).requires_grad_(True), finetune_steps, generator, right_weight=3.0, lr=5e-4)
+    policy = fit(ToyVelocity(dim=dim), pretrain_steps, generator, dim=dim).requires_grad_(False)
+    nearby = fit(copy.deepcopy(policy).requires_grad_(True), finetune_steps, generator, right_weight=3.0, lr=5e-4,
+                 dim=dim)
     nearby.requires_grad_(False)
     with torch.no_grad():
-        x = sample_ode(policy, torch.randn(samples, 2, generator=generator), None, time_grid(50), method="heun")
+        x = sample_ode(policy, torch.randn(samples, dim, generator=generator), None, time_grid(50), method="heun")
     exact = exact_log_likelihood(nearby, x) - exact_log_likelihood(policy, x)
     group = torch.arange(samples) // group_size
     results = {}
     for name, config in estimators.items():
         estimator = ELBOSurrogate(**config)
-        overall, within = [], []
+        overall, within, ratios = [], [], []
         with torch.no_grad():
             for _ in range(draws):
                 pairs = estimator.sample_pairs(x, group, generator)
                 ratio = estimator(nearby, x, None, pairs) - estimator(policy, x, None, pairs)
+                ratios.append(ratio)
                 overall.append(spearman(ratio, exact))
                 within += [spearman(ratio[group == g], exact[group == g]) for g in torch.unique(group)]
-        results[name] = {"spearman": sum(overall) / len(overall), "within_group_spearman": sum(within) / len(within)}
-    return {"setup": {"samples": samples, "group_size": group_size, "draws": draws, "seed": seed,
-                      "exact_log_ratio_std": exact.std().item()}, "estimators": results}
+        variance = torch.stack(ratios).double().var(0).mean().item()
+        results[name] = {"spearman": sum(overall) / len(overall), "within_group_spearman": sum(within) / len(within),
+                         "log_ratio_variance": variance,
+                         "log_ratio_noise_to_signal": variance / exact.double().square().mean().item()}
+    return {"setup": {"samples": samples, "group_size": group_size, "draws": draws, "seed": seed, "dim": dim,
+                      "exact_log_ratio_std": exact.std().item(),
+                      "exact_log_ratio_mean_abs": exact.abs().mean().item()}, "estimators": results}
+
+
+# The 0.95 quantile of Student's t by degrees of freedom (two-sided 90% intervals); the normal's beyond.
+T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833}
+
+
+def _interval(values: list[float]) -> list[float]:
+    """Student-t 90% interval of the mean of ``values`` (one per seed); a single value is its own interval."""
+    n = len(values)
+    if n < 2:
+        return [values[0], values[0]]
+    mean, sd = sum(values) / n, float(torch.tensor(values, dtype=torch.float64).std())
+    half = T95.get(n - 1, 1.645) * sd / math.sqrt(n)
+    return [mean - half, mean + half]
+
+
+def ground_truth_study(estimators: dict[str, dict], seeds=(0, 1, 2), dims=(2,), **options) -> dict:
+    """:func:`ground_truth_check` on every seed and dimension, with per-estimator means and 90% intervals over
+    seeds (each seed a new pair of toy policies and new samples)."""
+    report = {}
+    for dim in dims:
+        per_seed = [ground_truth_check(estimators, seed=seed, dim=dim, **options) for seed in seeds]
+        summary = {}
+        for name in estimators:
+            summary[name] = {}
+            for key in ("spearman", "within_group_spearman", "log_ratio_variance", "log_ratio_noise_to_signal"):
+                values = [run["estimators"][name][key] for run in per_seed]
+                summary[name][key] = {"mean": sum(values) / len(values), "interval_90": _interval(values),
+                                      "per_seed": values}
+        report[f"dim{dim}"] = {"seeds": list(seeds), "setups": [run["setup"] for run in per_seed], "estimators": summary}
+        for name, row in summary.items():
+            print(f"dim {dim:<3} {name:<36} spearman {row['spearman']['mean']:.3f} "
+                  f"within {row['within_group_spearman']['mean']:.3f} "
+                  f"noise/signal {row['log_ratio_noise_to_signal']['mean']:.3g}", flush=True)
+    return report
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    from algorithms.run_dir import atomic_write_text
+    from benchmarks.estimator_lab import ESTIMATORS, PILOT
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--dims", type=int, nargs="+", default=[2])
+    parser.add_argument("--estimators", nargs="+", default=None, help="names from benchmarks.estimator_lab.ESTIMATORS")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    names = args.estimators or [n for n, c in ESTIMATORS.items() if c["timesteps"] != PILOT]
+    report = ground_truth_study({n: ESTIMATORS[n] for n in names}, seeds=tuple(args.seeds), dims=tuple(args.dims))
+    atomic_write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

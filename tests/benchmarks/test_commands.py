@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from benchmarks.compare import run_compare
 from benchmarks.estimator_lab import run_lab
 
@@ -9,18 +11,40 @@ SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_r
                 "seconds_per_iteration", "judge_gap", "diversity"}
 
 
-def test_compare_writes_the_documented_summary(tmp_path):
-    tiny = ["iterations=3", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2",
-            "eval.num_steps=4"]
-    run_compare(tmp_path, task="digits8", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"),
-                learning_rates=(1e-3,), overrides=tiny)
+def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path):
+    """Tuning on the tuning seed only, the target from the rule fixed before the reported runs, the chosen
+    setting per algorithm, ratios against V-GRPO with intervals."""
+    from benchmarks.compare import TUNING_SEED, target_rule
+
+    tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
+    run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny, iterations=3)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["task"] == "digits8" and summary["target_reward"] == 0.6
+    protocol = json.loads((tmp_path / "protocol.json").read_text())
+    assert summary["protocol"] == protocol and summary["target_reward"] == protocol["target"]
+    runs = sorted(path.name for path in (tmp_path / "runs").iterdir())
+    tuning = [name for name in runs if name.endswith(f"seed{TUNING_SEED}")]
+    assert len(tuning) == 2 * 3  # two variants x three step controls x one learning rate, on the tuning seed only
+    assert protocol["reported_seeds"] == [0, 1] and TUNING_SEED not in protocol["reported_seeds"]
+    # The target is the rule applied to the tuning runs' curves (read back from their metrics).
+    from algorithms.run_dir import RunDir
+
+    curves = [RunDir(tmp_path / "runs" / name).read_rows("metrics.csv") for name in tuning]
+    assert protocol["target"] == pytest.approx(target_rule(curves)["target"])
+    assert protocol["base"] <= protocol["target"] <= protocol["ceiling"]
     assert set(summary["algorithms"]) == {"vgrpo", "diffusion_nft"}
-    for row in summary["algorithms"].values():
+    for name, row in summary["algorithms"].items():
         assert SUMMARY_KEYS <= set(row)
+        assert row["step_control"] in protocol["step_controls"][name]
+        assert f"{name}_{row['step_control']}_lr0.001_seed1" in runs
+    assert "clip_fraction" in summary["per_seed"]["vgrpo"][0] and "approx_kl_sq" in summary["per_seed"]["vgrpo"][0]
+    assert set(summary["ratios_vs_vgrpo"]) == {"diffusion_nft"}
     for name in ("summary.md", "reward_vs_train_seconds.png", "reward_vs_nfe_cumulative.png", "reward_vs_grad_steps.png"):
         assert (tmp_path / name).stat().st_size > 0
+    with pytest.raises(ValueError, match="at least 5 seeds"):
+        run_compare(tmp_path / "few", seeds=3)
+    with pytest.raises(ValueError, match="Unknown variant"):
+        run_compare(tmp_path / "bad", quick=True, variants=("vgrpo", "nonsense"))
 
 
 def test_estimator_lab_writes_statistics_and_ground_truth(tmp_path):

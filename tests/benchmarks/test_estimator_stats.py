@@ -98,3 +98,36 @@ def test_regime_verdicts():
     assert verdict(cell(0.85), cell(0.9)) == "keeps up"
     assert verdict(cell(0.7), cell(0.9)) == "lags"
     assert verdict(cell(0.4), cell(0.9)) == "diverges"
+    assert verdict(cell(1.0), cell(0.9)) == "naive better"  # 0.1 above V-GRPO, beyond the 0.08 margin
+    # V-GRPO itself ends below its base (the "4 steps per rollout" cell at lr 3e-4): no verdict on the naive one.
+    assert verdict(cell(0.9), cell(0.4)) == "collapses" and verdict(cell(0.3), cell(0.45)) == "collapses"
+
+
+def test_target_rule_depends_on_every_algorithm_alike():
+    from benchmarks.compare import target_rule
+
+    def curve(*rewards):
+        return [{"reward_mean": r} for r in rewards]
+
+    # base: mean first-iteration reward 0.4; ceiling: best 3-iteration average (0.6, 0.9, 0.9 -> 0.8).
+    rule = target_rule([curve(0.3, 0.5, 0.6), curve(0.5, 0.6, 0.9, 0.9)])
+    assert rule["base"] == pytest.approx(0.4) and rule["ceiling"] == pytest.approx(0.8)
+    assert rule["target"] == pytest.approx(0.4 + 0.8 * 0.4)
+    # Swapping which algorithm produced which curve changes nothing.
+    assert target_rule([curve(0.5, 0.6, 0.9, 0.9), curve(0.3, 0.5, 0.6)]) == rule
+
+
+def test_median_ratio_interval():
+    from benchmarks.compare import median_ratio_interval
+
+    same = median_ratio_interval([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert same["ratio"] == 1.0 and same["interval"][0] <= 1.0 <= same["interval"][1]
+    half = median_ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [2.0, 2.2, 1.8, 2.1, 1.9])
+    assert half["ratio"] == pytest.approx(0.5) and 0.4 < half["interval"][0] <= 0.5 <= half["interval"][1] < 0.62
+    assert median_ratio_interval([1.0] * 5, [2.0] * 5) == median_ratio_interval([1.0] * 5, [2.0] * 5)  # fixed RNG
+    # A seed that never reached the target counts as infinite: a minority leaves the median finite ...
+    some = median_ratio_interval([1.0, 1.0, 1.0, 1.0, None], [2.0] * 5)
+    assert some["ratio"] == 0.5
+    # ... a majority makes it infinite, and the ratio is not estimable.
+    most = median_ratio_interval([None, None, None, 1.0, 1.0], [2.0] * 5)
+    assert most["ratio"] is None and most["interval"] is None
