@@ -62,7 +62,7 @@ ESTIMATORS: dict[str, dict] = {
     "vgrpo_without_adaptive": {**VGRPO, "weighting": "v"},
     "vgrpo_batch_sharing": {**VGRPO, "sharing": "batch"},
     **{f"vgrpo_k{k}": {**VGRPO, "num_pairs": k} for k in (1, 2, 8)},
-    **{f"vgrpo_weighting_{w}": {**VGRPO, "weighting": w} for w in ("eps", "x")},  # "v": vgrpo_without_adaptive
+    **{f"vgrpo_weighting_{w}": {**VGRPO, "weighting": w} for w in ("eps", "x", "elbo")},  # "v": vgrpo_without_adaptive
     # Our options beyond the paper, at the paper's K = 4 (equal NFE) unless the name says otherwise.
     "vgrpo_importance (ours)": IMPORTANCE,
     "vgrpo_antithetic (ours)": ANTITHETIC,

@@ -45,8 +45,9 @@ def test_study_reports_every_seed_and_dimension_with_intervals():
         row = block["estimators"]["vgrpo"]["spearman"]
         assert len(row["per_seed"]) == 2 and row["interval_90"][0] <= row["mean"] <= row["interval_90"][1]
         assert [setup["seed"] for setup in block["setups"]] == [0, 1]
-        noise = block["estimators"]["vgrpo"]["log_ratio_noise_to_signal"]["mean"]
-        assert noise > 0
+        stats = block["estimators"]["vgrpo"]
+        relative = [v / s**2 for v, s in zip(stats["log_ratio_variance"]["per_seed"], stats["log_ratio_mean_abs"]["per_seed"])]
+        assert stats["log_ratio_relative_variance"]["per_seed"] == pytest.approx(relative) and min(relative) > 0
 
 
 def test_t_interval():
