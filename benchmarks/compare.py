@@ -87,6 +87,13 @@ VARIANTS: dict[str, Variant] = {
                                      "flow_grpo.window_shift_interval=10")),
     # Official: one gradient step per rollout (GenEval, PickScore), two minibatches for OCR.
     "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.kl_coef=none",)),
+    # The peers (README "The closest peers"), each at its official settings with the base-policy KL off.
+    # FPO: its paper's several steps per rollout are the PPO epochs (two_epochs, clip 0.05).
+    "fpo": Variant("fpo"),
+    # AWM: official one on-policy step; its KL to the soft-updated copy is its own step control and stays on.
+    "awm": Variant("awm", ("awm.ref_kl_coef=none",)),
+    "grpo_guard": Variant("grpo_guard", FLOW_GRPO_CORE),
+    "flow_grpo_fast": Variant("flow_grpo_fast", FLOW_GRPO_CORE),
 }
 TASK_OVERRIDES = {"pair": ["eval.per_prompt=4"]}
 

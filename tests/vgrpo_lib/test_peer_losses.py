@@ -17,16 +17,9 @@ from vgrpo_lib import AWMLoss, FlowGRPOLoss, GRPOGuardLoss
 from vgrpo_lib.samplers import sample_sde, time_grid
 from vgrpo_lib.sde import gaussian_log_prob, step_mean_std
 
+from tests.vgrpo_lib.test_losses import _assert_grads_close, _grads
+
 B, K, D, C = 6, 3, 4, 2
-
-
-def _grads(model):
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-
-
-def _assert_grads_close(a, b, rtol=1e-10, atol=1e-12):
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
 
 
 # ------------------------------------------------------------------------------------------------------ AWM
