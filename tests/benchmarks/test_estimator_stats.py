@@ -131,3 +131,18 @@ def test_median_ratio_interval():
     # ... a majority makes it infinite, and the ratio is not estimable.
     most = median_ratio_interval([None, None, None, 1.0, 1.0], [2.0] * 5)
     assert most["ratio"] is None and most["interval"] is None
+
+
+def test_every_variant_builds_every_step_control_with_an_equal_budget():
+    """Each algorithm of the comparison (baselines and peers) is tuned over as many settings as every other, and
+    each of them is a valid configuration with one gradient step per rollout and two epochs among them."""
+    from benchmarks.compare import VARIANTS, build
+
+    sizes = {name: len(variant.step_controls) for name, variant in VARIANTS.items()}
+    assert len(set(sizes.values())) == 1, sizes
+    for name, variant in VARIANTS.items():
+        assert {"one_step", "two_epochs"} <= set(variant.step_controls), name
+        one = build(name, "digit", 0, 1e-4, "one_step", [])
+        two = build(name, "digit", 0, 1e-4, "two_epochs", [])
+        assert (one.optim.epochs, one.optim.minibatches, two.optim.epochs) == (1, 1, 2)
+        assert one.algo == variant.algo
