@@ -205,8 +205,8 @@ class FlowGRPOLoss(_PolicyLoss):
     - ``"flow_grpo"``: ``||mu_theta - mu_ref||^2 / (2 sigma_t^2) = |dt| * exact``, what the official loss computes
       (yifan123/flow_grpo, ``scripts/train_sd3.py``: divided by ``2 * std_dev_t**2``, where ``std_dev_t`` is the
       SDE's ``sigma_t`` without the step length). The official ``beta`` (0.04 GenEval / OCR, 0.01 PickScore)
-      has this meaning: on a 10-step grid (``|dt|`` about 0.03 to 0.2) it weighs each step's exact KL 5 to 30
-      times less than the same coefficient with ``"exact"``. Use ``"flow_grpo"`` with a beta taken from the
+      has this meaning: on SD3's shifted 10-step grid (``|dt|`` from 0.036 to 0.25) it weighs each step's exact KL
+      4 to 28 times less than the same coefficient with ``"exact"`` (10 times on a uniform 10-step grid). Use ``"flow_grpo"`` with a beta taken from the
       official presets.
 
     Both are reduced over the data dimensions like the log-prob (``"mean"``, the official, or ``"sum"``).
