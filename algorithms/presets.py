@@ -155,7 +155,8 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
     if preset == "official":
         return [*TESTBED[algo], *OFFICIAL[algo]]
     if preset == "official-sd3.5-medium":
-        return [*OFFICIAL[algo], *OFFICIAL_SD3]
+        # V-GRPO's own SD3.5-M scale is the paper's (a 40-step DPM-Solver++ rollout), not the baselines' 10 steps.
+        return [*OFFICIAL[algo], *(PAPER["sd3.5-medium"] if algo == "vgrpo" else OFFICIAL_SD3)]
     if preset in PAPER:
         return list(PAPER[preset])
     if preset in PIPELINES:
