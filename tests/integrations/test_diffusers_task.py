@@ -127,8 +127,9 @@ def test_rollout_grid_is_the_pipeline_schedulers_unless_a_shift_is_set(hub_model
 
 
 def test_diffusion_nft_old_policy_is_a_second_adapter_soft_updated(hub_model):
-    trainer = Trainer(config("diffusion_nft", *hub_model("sd3"), "diffusion_nft.decay_rate=0.25"), "unused",
-                      progress=False)
+    # The decay counts gradient steps (one per iteration here): d(s) = 0.25 (s - 1) after a flat first step.
+    trainer = Trainer(config("diffusion_nft", *hub_model("sd3"), "diffusion_nft.decay_rate=0.25",
+                             "diffusion_nft.decay_flat=1"), "unused", progress=False)
     old, transformer = trainer.algorithm.behaviour, trainer.policy.transformer
     assert isinstance(old, AdapterBehaviour) and set(transformer.peft_config) == {"default", "old"}
     assert all(not p.requires_grad for p in lora_parameters(transformer, "old").values())
@@ -136,10 +137,10 @@ def test_diffusion_nft_old_policy_is_a_second_adapter_soft_updated(hub_model):
     def adapter(name):
         return {k: p.detach().clone() for k, p in lora_parameters(transformer, name).items()}
 
-    trainer.step()  # iteration 0: decay min(0.25 * 0, 0.5) = 0, a hard copy
+    trainer.step()  # iteration 0, 1 gradient step: decay 0 (flat), a hard copy
     assert all(torch.equal(adapter("old")[k], v) for k, v in adapter("default").items())
     before = adapter("old")
-    trainer.step()  # iteration 1: decay 0.25
+    trainer.step()  # iteration 1, 2 gradient steps: decay min(0.25 * (2 - 1), 0.5) = 0.25
     trained, after = adapter("default"), adapter("old")
     assert any(not torch.equal(trained[k], before[k]) for k in trained), "the trained adapter moved"
     for key in trained:
