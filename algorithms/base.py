@@ -73,7 +73,7 @@ class Algorithm:
     def rollout(self, cond, group: torch.Tensor, generator: torch.Generator, iteration: int) -> TensorDict:
         """Deterministic ODE rollout from Gaussian noise: ``"sample"`` ``[N, *D]`` in model space."""
         noise = self.shard.randn((group.shape[0], *self.sample_shape), generator)
-        sample = sample_ode(self.rollout_model(), noise, cond, self.grid, method=self.config.rollout.solver)
+        sample = sample_ode(self.rollout_model(), noise, self.grid, cond, method=self.config.rollout.solver)
         return TensorDict({"sample": sample, "cond": cond, "group": group}, batch_size=[group.shape[0]])
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:

@@ -28,10 +28,10 @@ from integrations.distributed import init_from_env
 
 
 def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
-    """Defaults, then the preset's overrides, then ``--task`` (a pipeline preset's own task by its short name:
-    ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the user's
-    ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
-    preset_config = apply_overrides(TrainConfig(algo=algo), preset_overrides(preset, algo))
+    """Defaults, then ``algo`` and the preset's overrides, then ``--task`` (a pipeline preset's own task by its short
+    name: ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the
+    user's ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
+    preset_config = apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides(preset, algo)])
     name = resolve_task_name(task or preset_config.task, preset)
     config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name), *overrides])
     resolve_task_name(config.task)  # a task=... override is checked too

@@ -55,10 +55,14 @@ class OptimConfig:
     ema_every: int = 1  # gradient steps between EMA updates (official Flow-GRPO 8, DiffusionNFT 1)
 
 
+ClipRange = float | tuple[float, float]  # eps, or a (low, high) pair: "0.01" or "0.01,0.02" on the command line
+
+
 @dataclass
 class AdvantageConfig:
     scale: str = "group"  # group | batch | none | rank | trimmed
     soft_clip: float | None = None  # eta of eta * tanh(A / eta)
+    # hard clip [-clip, clip] before the soft clip (Flow-GRPO: 5); DiffusionNFT's Amax (it needs one; official 5)
     clip: float | None = None
     eps: float = 1e-6  # added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4)
 
@@ -71,9 +75,8 @@ class VGRPOConfig:
     weighting: str = "adaptive_x"  # eps | v | x | adaptive_x | elbo
     # independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs even num_pairs)
     noise: str = "independent"
-    clip_low: float = 0.01
-    clip_high: float = 0.01
-    kl_coef: float | None = None  # x-space KL to the behaviour policy (paper: 0.3 where used)
+    clip_range: ClipRange = 0.01
+    behaviour_kl_coef: float | None = None  # x-space KL to the behaviour policy (paper: 0.3 where used)
     ref_kl_coef: float | None = None  # x-space KL to the base policy
     chunk_size: int | None = None
 
@@ -84,10 +87,9 @@ class FlowGRPOConfig:
 
     noise_level: float = 0.7  # flow_sde: a of sigma_t = a sqrt(t / (1 - t)); cps: eta in (0, 1]
     sde_type: str = "flow_sde"  # flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step)
-    clip_epsilon: float = 1e-4
+    clip_range: ClipRange = 1e-4
     log_prob_reduction: str = "mean"
-    adv_clip: float = 5.0
-    kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
+    ref_kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
     kl_form: str = "exact"  # exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss)
     timestep_fraction: float = 1.0  # train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10)
     filter_zero_advantage: bool = False  # official: samples with advantage exactly 0 are not trained
@@ -99,7 +101,6 @@ class FlowGRPOConfig:
 @dataclass
 class DiffusionNFTConfig:
     strength: float = 1.0  # b, the implicit-policy mixing strength
-    adv_max: float = 5.0
     adv_mode: str = "all"  # all | positive_only | negative_only | one_only | binary (official variants)
     # train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: 9 of 10)
     timestep_fraction: float = 1.0
@@ -109,7 +110,7 @@ class DiffusionNFTConfig:
     decay_rate: float = 0.001
     decay_max: float = 0.5
     decay_flat: int = 0
-    kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
+    ref_kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
 
 
 @dataclass
@@ -319,20 +320,24 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     positive = lambda v: v > 0  # noqa: E731
     non_negative = lambda v: v >= 0  # noqa: E731
     for key in ("optim.max_grad_norm", "rollout.shift", "advantage.soft_clip", "advantage.clip", "flow_grpo.noise_level",
-                "flow_grpo.adv_clip", "flow_grpo.cfg_scale", "diffusion_nft.strength", "diffusion_nft.adv_max",
-                "awm.advantage_scale"):
+                "flow_grpo.cfg_scale", "diffusion_nft.strength", "awm.advantage_scale"):
         need(key, positive, "> 0")
-    for key in ("optim.weight_decay", "advantage.eps", "diffusion_nft.decay_flat", "vgrpo.clip_high", "vgrpo.kl_coef",
-                "vgrpo.ref_kl_coef", "flow_grpo.clip_epsilon", "flow_grpo.kl_coef", "diffusion_nft.decay_rate",
-                "diffusion_nft.kl_coef", "awm.behaviour_kl_coef", "awm.ref_kl_coef", "awm.decay_rate"):
+    for key in ("optim.weight_decay", "advantage.eps", "diffusion_nft.decay_flat", "vgrpo.behaviour_kl_coef",
+                "vgrpo.ref_kl_coef", "flow_grpo.ref_kl_coef", "diffusion_nft.decay_rate", "diffusion_nft.ref_kl_coef",
+                "awm.behaviour_kl_coef", "awm.ref_kl_coef", "awm.decay_rate"):
         need(key, non_negative, ">= 0")
     for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every",
                 "fpo.num_pairs", "awm.num_pairs", "flow_grpo_fast.branch_steps", "model.lora_rank",
                 "model.lora_alpha", "model.batch_size"):
         need(key, lambda v: v >= 1, ">= 1")
     need("model.max_sequence_length", non_negative, ">= 0")  # 0: no T5 tokens (a pipeline without T5)
-    need("vgrpo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)")
-    need("flow_grpo.clip_epsilon", lambda v: v < 1, "< 1")
+    for key in ("vgrpo.clip_range", "flow_grpo.clip_range"):
+        need(key, _valid_clip_range, "eps or a (low, high) pair with 0 <= low < 1 and high >= 0, finite")
+    if config.algo == "diffusion_nft" and config.advantage.clip is None:
+        raise ValueError(
+            "diffusion_nft needs advantage.clip: its Amax, the bound its advantages are clamped to before they are "
+            "normalised into r = A / (2 Amax) + 1/2 (official: 5; the testbed preset sets it)."
+        )
     need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
     need("optim.ema_decay", lambda v: 0 <= v <= 1, "in [0, 1]")
     need("awm.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -343,6 +348,11 @@ def _validate_options_and_ranges(config: TrainConfig) -> None:
     if config.vgrpo.noise == "antithetic" and config.vgrpo.num_pairs % 2:
         raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {config.vgrpo.num_pairs}.")
     need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
+
+
+def _valid_clip_range(value) -> bool:
+    low, high = value if isinstance(value, tuple) else (value, value)
+    return 0 <= low < 1 and 0 <= high < math.inf
 
 
 def _validate_peers(config: TrainConfig) -> None:
@@ -384,12 +394,41 @@ def parse_image_size(text: str) -> int | tuple[int, int] | None:
     return sides[0] if len(sides) == 1 else (sides[0], sides[1])
 
 
-def _resolve(tp):
-    hints = typing.get_args(tp)
+def _members(tp) -> tuple[list, bool]:
+    """The non-None types of a field's annotation and whether None is allowed: ``float | None`` -> ([float], True)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        non_none = [h for h in hints if h is not type(None)]
-        return non_none[0], type(None) in hints
-    return tp, False
+        hints = typing.get_args(tp)
+        return [h for h in hints if h is not type(None)], type(None) in hints
+    return [tp], False
+
+
+def _resolve(tp):
+    """The first non-None type of an annotation and whether None is allowed (sections are never unions)."""
+    members, optional = _members(tp)
+    return members[0], optional
+
+
+def _describe(tp) -> str:
+    if typing.get_origin(tp) is tuple:
+        return "a (low, high) pair such as 0.01,0.02"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _is_pair(tp) -> bool:
+    return typing.get_origin(tp) is tuple and typing.get_args(tp) == (float, float)
+
+
+def _convert(value, tp):
+    """``value`` as type ``tp`` (ints accepted for floats, two reals for a float pair), or a ValueError."""
+    if _is_pair(tp):
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            return tuple(_convert(v, float) for v in value)
+        raise ValueError
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
+        raise ValueError
+    return value
 
 
 def _field_types(cls) -> dict[str, typing.Any]:
@@ -404,40 +443,59 @@ def _build(cls, data: dict, prefix: str):
         raise ValueError(f"Unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}.")
     kwargs = {}
     for name, value in data.items():
-        base, optional = _resolve(types_[name])
+        base, _ = _resolve(types_[name])
         if dataclasses.is_dataclass(base):
             if not isinstance(value, dict):
                 raise ValueError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
             kwargs[name] = _build(base, value, f"{prefix}{name}.")
         else:
-            kwargs[name] = _check_type(value, base, optional, prefix + name)
+            kwargs[name] = _check_type(value, types_[name], prefix + name)
     return cls(**kwargs)
 
 
-def _check_type(value, base, optional: bool, key: str):
-    """The value of ``key`` read from a dict / JSON, type-checked (ints are accepted for float fields)."""
+def _expected(tp) -> str:
+    members, optional = _members(tp)
+    return " or ".join(_describe(m) for m in members) + (" or None" if optional else "")
+
+
+def _check_type(value, tp, key: str):
+    """The value of ``key`` read from a dict / JSON, type-checked against the annotation ``tp`` (ints are accepted
+    for float fields, a two-element list for a (low, high) pair)."""
+    members, optional = _members(tp)
     if value is None and optional:
         return value
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
-        expected = getattr(base, "__name__", base) + (" or None" if optional else "")
-        raise ValueError(f"Config key {key} must be {expected}, got {type(value).__name__} {value!r}.")
-    return value
+    for member in members:
+        try:
+            return _convert(value, member)
+        except ValueError:
+            continue
+    raise ValueError(f"Config key {key} must be {_expected(tp)}, got {type(value).__name__} {value!r}.")
+
+
+def _parse_text(text: str, tp):
+    """One command-line value as type ``tp`` (a ValueError when it does not parse)."""
+    if tp is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError
+        return text.lower() in ("true", "1")
+    if _is_pair(tp):
+        parts = text.strip().strip("()[]").split(",")
+        if len(parts) != 2:
+            raise ValueError
+        return tuple(float(part) for part in parts)
+    return tp(text)
 
 
 def _parse_value(text: str, tp, key: str):
-    base, optional = _resolve(tp)
+    members, optional = _members(tp)
     if optional and text.lower() in ("none", "null"):
         return None
-    try:
-        if base is bool:
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return text.lower() in ("true", "1")
-        return base(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"Override {key}={text!r}: expected {getattr(base, '__name__', base)}.") from None
+    for member in members:
+        try:
+            return _parse_text(text, member)
+        except (TypeError, ValueError):
+            continue
+    raise ValueError(f"Override {key}={text!r}: expected {_expected(tp)}.")
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:

@@ -37,15 +37,16 @@ class DiffusionNFT(Algorithm):
             self.behaviour,
             self.estimator,
             strength=c.strength,
-            adv_max=c.adv_max,
+            # Amax: the advantages arrive clipped to it (the trainer's GroupAdvantage) and are normalised by it
+            advantage_clip=config.advantage.clip,
             adv_mode=c.adv_mode,
-            ref_model=self.reference if c.kl_coef is not None else None,
-            kl_coef=c.kl_coef,
+            ref_model=self.reference if c.ref_kl_coef is not None else None,
+            ref_kl_coef=c.ref_kl_coef,
         )
 
     @staticmethod
     def needs_reference(config) -> bool:
-        return config.diffusion_nft.kl_coef is not None
+        return config.diffusion_nft.ref_kl_coef is not None
 
     @staticmethod
     def needs_behaviour(config) -> bool:

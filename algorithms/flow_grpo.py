@@ -42,22 +42,22 @@ class FlowGRPO(Algorithm):
             raise ValueError(f"flow_grpo.cfg_scale={c.cfg_scale} needs a task with an unconditional condition (null_cond).")
         # Rollout and loss see the guided velocity; its unconditional branch carries no gradient (official).
         self.guided_policy = classifier_free_guidance(self.policy, policies.null_cond, c.cfg_scale, detach_uncond=True)
-        reference = None if c.kl_coef is None else classifier_free_guidance(self.reference, policies.null_cond, c.cfg_scale)
+        reference = None if c.ref_kl_coef is None else classifier_free_guidance(self.reference, policies.null_cond, c.cfg_scale)
         self.loss_module = self.loss_class(
             self.guided_policy,
-            clip_epsilon=c.clip_epsilon,
+            clip_range=c.clip_range,
             noise_level=c.noise_level,
             log_prob_reduction=c.log_prob_reduction,
-            adv_clip=c.adv_clip,
+            advantage_clip=None,  # the trainer's GroupAdvantage applies advantage.clip (Flow-GRPO's hard clip)
             ref_model=reference,
-            kl_coef=c.kl_coef,
+            ref_kl_coef=c.ref_kl_coef,
             kl_form=c.kl_form,
             sde_type=c.sde_type,
         )
 
     @staticmethod
     def needs_reference(config) -> bool:
-        return config.flow_grpo.kl_coef is not None
+        return config.flow_grpo.ref_kl_coef is not None
 
     def sde_steps(self, iteration: int, generator: torch.Generator) -> list[int] | None:
         """The stochastic (and recorded) steps of this iteration's rollout; None: every step that has noise."""

@@ -31,7 +31,7 @@ class FPO(VGRPO):
         c = config.fpo
         timesteps = DiscreteGrid(self.grid[:-1], stratified=False) if c.timesteps == "grid" else c.timesteps
         self.estimator = ELBOSurrogate(c.num_pairs, timesteps, sharing="none", weighting=c.weighting)
-        self.loss_module = VGRPOLoss(self.policy, self.estimator, clip_epsilon=c.clip_range, on_policy=self.single_step)
+        self.loss_module = VGRPOLoss(self.policy, self.estimator, clip_range=c.clip_range, on_policy=self.single_step)
 
     @staticmethod
     def needs_reference(config) -> bool:

@@ -22,21 +22,26 @@ TESTBED = {
     # iteration 20 but collapses diversity (0.23 -> 0.01); lr 1e-4 without KL 0.03; ref_kl_coef 1 0.06;
     # ref_kl_coef 3 keeps 0.17 at 96.5% accuracy; ref_kl_coef 10 stalls at 72%.
     "vgrpo": ["optim.lr=1e-4", "advantage.soft_clip=3.0", "vgrpo.ref_kl_coef=3.0", "iterations=100"],
-    # Flow-GRPO: SDE rollout, per-step clipped ratio, two optimizer steps per rollout as in the anchor.
-    "flow_grpo": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_epsilon=1e-4", "iterations=100"],
-    # DiffusionNFT: old-policy rollout, every rollout timestep once per step.
-    "diffusion_nft": ["optim.lr=1e-4", "iterations=100"],
+    # Flow-GRPO: SDE rollout, per-step clipped ratio, two optimizer steps per rollout as in the anchor, advantages
+    # hard-clipped to [-5, 5] (the anchor's adv_clip_max).
+    "flow_grpo": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_range=1e-4", "advantage.clip=5.0",
+                  "iterations=100"],
+    # DiffusionNFT: old-policy rollout, every rollout timestep once per step; Amax = 5 (the official adv_clip_max:
+    # advantages clamped to [-5, 5], then normalised into the optimality r).
+    "diffusion_nft": ["optim.lr=1e-4", "advantage.clip=5.0", "iterations=100"],
     # The peers, at their official settings except the learning rate (see each algorithm file):
     # FPO: 8 independent pairs, clip 0.05, one gradient step per rollout as the other one-step algorithms.
     "fpo": ["optim.lr=1e-4", "iterations=100"],
     # AWM: one on-policy step, ghuber weighting, KL 1 to the soft-updated copy.
     "awm": ["optim.lr=1e-4", "iterations=100"],
-    # GRPO-Guard: Flow-GRPO's two optimizer steps per rollout with the normalised ratio.
-    "grpo_guard": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_epsilon=1e-4", "iterations=100"],
-    # Flow-GRPO-Fast: CPS on 2 branching steps in the first half (official fast presets: noise 0.8, clip 1e-5).
+    # GRPO-Guard: Flow-GRPO's two optimizer steps per rollout with the normalised ratio (advantages clipped to 5).
+    "grpo_guard": ["optim.lr=1e-4", "optim.minibatch_size=640", "flow_grpo.clip_range=1e-4", "advantage.clip=5.0",
+                   "iterations=100"],
+    # Flow-GRPO-Fast: CPS on 2 branching steps in the first half (official fast presets: noise 0.8, clip 1e-5;
+    # advantages clipped to 5).
     "flow_grpo_fast": [
-        "optim.lr=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8", "flow_grpo.clip_epsilon=1e-5",
-        "iterations=100",
+        "optim.lr=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8", "flow_grpo.clip_range=1e-5",
+        "advantage.clip=5.0", "iterations=100",
     ],
 }
 
@@ -47,8 +52,8 @@ OFFICIAL = {
     # KL form, 9 of 10 SDE steps trained, zero-advantage samples filtered, CFG 4.5 in rollout and loss (uncond
     # detached), EMA 0.9 every 8 steps for evaluation, AdamW weight decay 1e-4, two gradient steps per rollout.
     "flow_grpo": [
-        "advantage.scale=batch", "advantage.eps=1e-4", "flow_grpo.clip_epsilon=1e-4", "flow_grpo.adv_clip=5",
-        "flow_grpo.noise_level=0.7", "flow_grpo.log_prob_reduction=mean", "flow_grpo.kl_coef=0.04",
+        "advantage.scale=batch", "advantage.eps=1e-4", "flow_grpo.clip_range=1e-4", "advantage.clip=5",
+        "flow_grpo.noise_level=0.7", "flow_grpo.log_prob_reduction=mean", "flow_grpo.ref_kl_coef=0.04",
         "flow_grpo.kl_form=flow_grpo", "flow_grpo.timestep_fraction=0.99", "flow_grpo.filter_zero_advantage=true",
         "flow_grpo.cfg_scale=4.5", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.weight_decay=1e-4",
         "optim.minibatch_size=none", "optim.minibatches=2", "optim.epochs=1",
@@ -58,8 +63,8 @@ OFFICIAL = {
     # KL of 1e-4 to the base, 9 of 10 rollout timesteps per sample, decay type 1 counted in gradient steps, EMA 0.9
     # every step, weight decay 1e-4, one gradient step per rollout, CFG-free second-order deterministic rollout.
     "diffusion_nft": [
-        "advantage.scale=batch", "advantage.eps=1e-4", "diffusion_nft.adv_max=5", "diffusion_nft.strength=1.0",
-        "diffusion_nft.adv_mode=all", "diffusion_nft.kl_coef=1e-4", "diffusion_nft.timestep_fraction=0.99",
+        "advantage.scale=batch", "advantage.eps=1e-4", "advantage.clip=5", "diffusion_nft.strength=1.0",
+        "diffusion_nft.adv_mode=all", "diffusion_nft.ref_kl_coef=1e-4", "diffusion_nft.timestep_fraction=0.99",
         "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0",
         "optim.ema_decay=0.9", "optim.ema_every=1", "optim.weight_decay=1e-4", "optim.minibatch_size=none",
         "optim.minibatches=1", "optim.epochs=1", "rollout.solver=dpmpp_2m",
@@ -97,7 +102,7 @@ OFFICIAL |= {
     # window of 3 steps in the first half, clip 1e-5, no KL, no CFG, global-std advantages, EMA, two gradient steps.
     "flow_grpo_fast": [
         "advantage.scale=batch", "advantage.eps=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8",
-        "flow_grpo.clip_epsilon=1e-5", "flow_grpo.adv_clip=5", "flow_grpo.kl_coef=none", "flow_grpo.cfg_scale=1.0",
+        "flow_grpo.clip_range=1e-5", "advantage.clip=5", "flow_grpo.ref_kl_coef=none", "flow_grpo.cfg_scale=1.0",
         "flow_grpo_fast.branch_steps=3", "flow_grpo_fast.branch_range=0.5", "optim.ema_decay=0.9", "optim.ema_every=8",
         "optim.weight_decay=1e-4", "optim.minibatch_size=none", "optim.minibatches=2", "optim.epochs=1",
     ],
@@ -134,8 +139,8 @@ PIPELINES = {
             "prompts_per_iteration=8", "group_size=8", "iterations=40", "checkpoint_every=5",
         ],
         "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
-        "flow_grpo": ["optim.lr=3e-4"],
-        "diffusion_nft": ["optim.lr=3e-4"],
+        "flow_grpo": ["optim.lr=3e-4", "advantage.clip=5.0"],  # the official hard clip
+        "diffusion_nft": ["optim.lr=3e-4", "advantage.clip=5.0"],  # Amax
     },
 }
 # Settings of one task of a pipeline preset, applied after the preset's (and after ``--task``).

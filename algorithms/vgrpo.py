@@ -26,17 +26,17 @@ class VGRPO(Algorithm):
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
         c = config.vgrpo
-        if c.kl_coef is not None and self.single_step:
+        if c.behaviour_kl_coef is not None and self.single_step:
             raise ValueError(
-                "vgrpo.kl_coef (KL to the behaviour policy) is inert with one gradient step per rollout; "
+                "vgrpo.behaviour_kl_coef (KL to the behaviour policy) is inert with one gradient step per rollout; "
                 "use optim.epochs > 1 or a minibatch_size, or vgrpo.ref_kl_coef for a KL to the base policy."
             )
         self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size, noise=c.noise)
         self.loss_module = VGRPOLoss(
             self.policy,
             self.estimator,
-            clip_epsilon=(c.clip_low, c.clip_high),
-            kl_coef=c.kl_coef,
+            clip_range=c.clip_range,
+            behaviour_kl_coef=c.behaviour_kl_coef,
             ref_model=self.reference if c.ref_kl_coef is not None else None,
             ref_kl_coef=c.ref_kl_coef,
             on_policy=self.single_step,
@@ -55,7 +55,7 @@ class VGRPO(Algorithm):
             with torch.no_grad():
                 old = self.estimator.evaluate(self.policy, batch["sample"], batch["cond"], pairs)
             batch["old_log_prob"] = old["log_prob"].mean(dim=1)
-            if self.loss_module.kl_coef is not None:
+            if self.config.vgrpo.behaviour_kl_coef is not None:
                 batch["old_x_pred"] = old["x_pred"]
         return batch
 

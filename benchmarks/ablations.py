@@ -43,13 +43,12 @@ PAPER_SET = {
     "weighting_eps": ["vgrpo.weighting=eps"],
     "weighting_x": ["vgrpo.weighting=x"],
     "antithetic (ours)": ["vgrpo.noise=antithetic"],
-    "ratio_clip_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.clip_low=0.01",
-                           "vgrpo.clip_high=0.01"],
-    "kl_behaviour_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3"],
+    "ratio_clip_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.clip_range=0.01"],
+    "kl_behaviour_4_steps": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.behaviour_kl_coef=0.3"],
     # The same step control at a third of the learning rate: 4 steps per rollout at lr 3e-4 move the policy
     # about as far per rollout as one step at 1e-3, which is unstable for every estimator.
     "ratio_clip_4_steps_lr1e-4": ["advantage.soft_clip=none", "optim.minibatch_size=32", "optim.lr=1e-4"],
-    "kl_behaviour_4_steps_lr1e-4": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.kl_coef=0.3",
+    "kl_behaviour_4_steps_lr1e-4": ["advantage.soft_clip=none", "optim.minibatch_size=32", "vgrpo.behaviour_kl_coef=0.3",
                                     "optim.lr=1e-4"],
     "soft_clip_4_steps_lr1e-4": ["optim.minibatch_size=32", "optim.lr=1e-4"],
 }

@@ -70,14 +70,13 @@ class Variant:
     preset: str = "official"
 
 
-FLOW_GRPO_CORE = ("flow_grpo.kl_coef=none", "flow_grpo.cfg_scale=1.0")
+FLOW_GRPO_CORE = ("flow_grpo.ref_kl_coef=none", "flow_grpo.cfg_scale=1.0")
 VARIANTS: dict[str, Variant] = {
     # The paper's preference-stage control (one step, soft-clipped advantages) replaces a plain two-minibatch
     # setting; two epochs use the ratio clip (0.01) the paper uses over several steps.
     "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), {
         "one_step": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=none"),
-        "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_low=0.01",
-                       "vgrpo.clip_high=0.01"),
+        "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
         "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0"),
     }),
     # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
@@ -86,7 +85,7 @@ VARIANTS: dict[str, Variant] = {
     "mixgrpo": Variant("flow_grpo", (*FLOW_GRPO_CORE, "flow_grpo.timestep_fraction=1.0", "flow_grpo.window_size=4",
                                      "flow_grpo.window_shift_interval=10")),
     # Official: one gradient step per rollout (GenEval, PickScore), two minibatches for OCR.
-    "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.kl_coef=none",)),
+    "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.ref_kl_coef=none",)),
     # The peers (README "The closest peers"), each at its official settings with the base-policy KL off.
     # FPO: its paper's several steps per rollout are the PPO epochs (two_epochs, clip 0.05).
     "fpo": Variant("fpo"),

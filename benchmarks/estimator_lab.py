@@ -83,7 +83,7 @@ def rollout(task_name: str, prompts: int, group_size: int, steps: int, seed: int
     group = torch.arange(prompts).repeat_interleave(group_size)
     with torch.no_grad():
         noise = torch.randn((cond.shape[0], *task.image_shape), generator=generator)
-        sample = sample_ode(policy, noise, cond, time_grid(steps))
+        sample = sample_ode(policy, noise, time_grid(steps), cond)
         reward = task.reward()(task.decode(sample), cond)
     return policy, sample, cond, group, GroupAdvantage()(reward, group)
 

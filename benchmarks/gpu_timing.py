@@ -121,7 +121,7 @@ def vgrpo_update(model, optimizer, sample, cond, group, num_pairs: int, generato
     from vgrpo_lib import ELBOSurrogate, VGRPOLoss, total_loss
 
     estimator = ELBOSurrogate(num_pairs, "stratified", "group", "adaptive_x")
-    loss_module = VGRPOLoss(model, estimator, clip_epsilon=0.01, on_policy=True)
+    loss_module = VGRPOLoss(model, estimator, clip_range=0.01, on_policy=True)
     pairs = estimator.sample_pairs(sample, group, generator=generator)
     advantage = torch.randn(sample.shape[0], device=sample.device, generator=generator)
     batch = TensorDict({"sample": sample, "cond": cond, "group": group, "advantage": advantage, "pairs": pairs},
@@ -139,7 +139,7 @@ def flow_grpo_update(model, optimizer, transitions: TensorDict):
     """One Flow-GRPO gradient step on a minibatch of recorded SDE transitions (one forward + backward each)."""
     from vgrpo_lib import FlowGRPOLoss, total_loss
 
-    loss_module = FlowGRPOLoss(model, clip_epsilon=1e-4)
+    loss_module = FlowGRPOLoss(model, clip_range=1e-4)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -169,8 +169,8 @@ def run(args) -> dict:
     grid = time_grid(args.steps, shift=3.0)
     timed_steps = min(args.steps, 3)
     with torch.no_grad():
-        rollout_step = timed(lambda: sample_ode(model, noise, cond, grid[: timed_steps + 1]), device, 1) / timed_steps
-        sample = sample_ode(model, noise, cond, grid)  # the clean samples the updates train on
+        rollout_step = timed(lambda: sample_ode(model, noise, grid[: timed_steps + 1], cond), device, 1) / timed_steps
+        sample = sample_ode(model, noise, grid, cond)  # the clean samples the updates train on
     rollout_per_sample = rollout_step * args.steps / b
 
     group = torch.arange(b, device=device) // max(1, b // 2)  # two groups when b >= 2

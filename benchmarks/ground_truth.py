@@ -105,7 +105,7 @@ def ground_truth_check(estimators: dict[str, dict], *, samples: int = 256, group
                  dim=dim)
     nearby.requires_grad_(False)
     with torch.no_grad():
-        x = sample_ode(policy, torch.randn(samples, dim, generator=generator), None, time_grid(50), method="heun")
+        x = sample_ode(policy, torch.randn(samples, dim, generator=generator), time_grid(50), method="heun")
     exact = exact_log_likelihood(nearby, x) - exact_log_likelihood(policy, x)
     group = torch.arange(samples) // group_size
     results = {}

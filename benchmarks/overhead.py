@@ -58,7 +58,7 @@ def run(rounds: int = 30, warmup: int = 3, seed: int = 0) -> dict:
     with torch.no_grad():
         old = estimator(model, sample, cond, pairs) - 0.001
     advantage = torch.randn(BATCH)
-    loss_module = VGRPOLoss(model, estimator, clip_epsilon=0.01)
+    loss_module = VGRPOLoss(model, estimator, clip_range=0.01)
     batch = TensorDict(
         {"sample": sample, "cond": cond, "advantage": advantage, "pairs": pairs, "old_log_prob": old}, [BATCH]
     )

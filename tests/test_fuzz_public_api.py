@@ -554,22 +554,22 @@ def test_fuzz_vgrpo_loss(data):
     batch, k, data_shape, cond_dim = dims
     kind = draw(st.sampled_from(LOSS_MALFORMATIONS))
     on_policy = draw(st.booleans())
-    kl_coef = None if on_policy else draw(st.sampled_from([None, 0.0, 0.3]))
+    behaviour_kl_coef = None if on_policy else draw(st.sampled_from([None, 0.0, 0.3]))
     ref_kl_coef = draw(st.sampled_from([None, 1.0]))
-    kwargs = dict(clip_epsilon=draw(st.sampled_from([0.01, (0.005, 0.03), 0.2])), kl_coef=kl_coef,
+    kwargs = dict(clip_range=draw(st.sampled_from([0.01, (0.005, 0.03), 0.2])), behaviour_kl_coef=behaviour_kl_coef,
                   ref_model=None if ref_kl_coef is None else copy.deepcopy(model), ref_kl_coef=ref_kl_coef,
                   on_policy=on_policy, unconditional=cond_dim == 0)
-    sig = ["VGRPOLoss", kind, batch, k, len(data_shape), cond_dim, on_policy, kl_coef is not None, ref_kl_coef is not None]
+    sig = ["VGRPOLoss", kind, batch, k, len(data_shape), cond_dim, on_policy, behaviour_kl_coef is not None, ref_kl_coef is not None]
     if on_policy:
         td = td.exclude("old_log_prob")
-    if kl_coef is None:
+    if behaviour_kl_coef is None:
         td = td.exclude("old_x_pred")
 
     if kind == "bad_constructor":
-        name = draw(st.sampled_from(["clip_epsilon", "kl_coef", "ref_kl_coef"]))
+        name = draw(st.sampled_from(["clip_range", "behaviour_kl_coef", "ref_kl_coef"]))
         value = draw(st.sampled_from(
-            {"clip_epsilon": [-0.1, 1.0, float("nan"), (0.1,), (0.1, 0.1, 0.1), (0.1, -1.0), "0.1", (float("nan"), 0.1)],
-             "kl_coef": [float("nan"), -0.1, float("inf"), -float("inf")],
+            {"clip_range": [-0.1, 1.0, float("nan"), (0.1,), (0.1, 0.1, 0.1), (0.1, -1.0), "0.1", (float("nan"), 0.1)],
+             "behaviour_kl_coef": [float("nan"), -0.1, float("inf"), -float("inf")],
              "ref_kl_coef": [float("nan"), -1.0, float("inf")]}[name]))
         kwargs[name] = value
         if name == "ref_kl_coef":
@@ -585,7 +585,7 @@ def test_fuzz_vgrpo_loss(data):
         shape = draw(st.sampled_from([(batch, 1), (batch, k)]))
         bad["old_log_prob"] = torch.zeros(shape)
         malformed = bad, ValueError, r"old_log_prob \(.*\) must be \[B\]", [shape[1:]]
-    elif kind == "old_x_pred_shape" and kl_coef is not None:
+    elif kind == "old_x_pred_shape" and behaviour_kl_coef is not None:
         bad = td.clone()
         bad["old_x_pred"] = torch.zeros(batch, k, *data_shape, 2)
         malformed = bad, ValueError, r"old_x_pred \(.*\) must be \[B, K, \*D\]", []
@@ -609,16 +609,16 @@ def test_fuzz_diffusion_nft_loss(data):
     model, est, td, dims = draw(elbo_batches(with_old=False))
     batch, k, data_shape, cond_dim = dims
     kind = draw(st.sampled_from(LOSS_MALFORMATIONS))
-    kl_coef = draw(st.sampled_from([None, 1e-4]))
-    kwargs = dict(strength=draw(st.sampled_from([1.0, 0.1, 0.5])), adv_max=draw(st.sampled_from([5.0, 1.0])),
-                  ref_model=None if kl_coef is None else copy.deepcopy(model), kl_coef=kl_coef, unconditional=cond_dim == 0)
-    sig = ["DiffusionNFTLoss", kind, batch, k, len(data_shape), cond_dim, kl_coef is not None]
+    ref_kl_coef = draw(st.sampled_from([None, 1e-4]))
+    kwargs = dict(strength=draw(st.sampled_from([1.0, 0.1, 0.5])), advantage_clip=draw(st.sampled_from([5.0, 1.0])),
+                  ref_model=None if ref_kl_coef is None else copy.deepcopy(model), ref_kl_coef=ref_kl_coef, unconditional=cond_dim == 0)
+    sig = ["DiffusionNFTLoss", kind, batch, k, len(data_shape), cond_dim, ref_kl_coef is not None]
     old_model = copy.deepcopy(model)
     if kind == "bad_constructor":
-        name = draw(st.sampled_from(["strength", "adv_max", "kl_coef"]))
+        name = draw(st.sampled_from(["strength", "advantage_clip", "ref_kl_coef"]))
         value = draw(st.sampled_from(BAD_NUMBERS + ["1"]))
         kwargs[name] = value
-        if name == "kl_coef":
+        if name == "ref_kl_coef":
             if value == 0.0:
                 value = kwargs[name] = -0.5
             kwargs["ref_model"] = copy.deepcopy(model)
@@ -665,26 +665,26 @@ def test_fuzz_flow_grpo_loss(data):
     flatten = draw(st.booleans())
     rows = rows.reshape(-1) if flatten else rows
     n = batch * steps
-    kl_coef = draw(st.sampled_from([None, 0.01]))
-    kwargs = dict(clip_epsilon=draw(st.sampled_from([1e-4, 0.2])), noise_level=noise_level, log_prob_reduction=reduction,
-                  adv_clip=5.0, ref_model=None if kl_coef is None else copy.deepcopy(model), kl_coef=kl_coef,
+    ref_kl_coef = draw(st.sampled_from([None, 0.01]))
+    kwargs = dict(clip_range=draw(st.sampled_from([1e-4, 0.2])), noise_level=noise_level, log_prob_reduction=reduction,
+                  advantage_clip=5.0, ref_model=None if ref_kl_coef is None else copy.deepcopy(model), ref_kl_coef=ref_kl_coef,
                   unconditional=cond_dim == 0)
     kind = draw(st.sampled_from(["valid", "missing_key", "empty", "z_next_shape", "t_shape", "advantage_shape",
                                  "old_log_prob_shape", "bad_constructor", "unknown_option"]))
-    sig = ["FlowGRPOLoss", kind, batch, steps, len(data_shape), cond_dim, flatten, reduction, kl_coef is not None]
+    sig = ["FlowGRPOLoss", kind, batch, steps, len(data_shape), cond_dim, flatten, reduction, ref_kl_coef is not None]
 
     if kind in ("bad_constructor", "unknown_option"):
         if kind == "unknown_option":
             name, value = "log_prob_reduction", draw(unknown(LOG_PROB_REDUCTIONS))
             pattern = re.escape(f"Unknown log-prob reduction {value!r}")
         else:
-            name = draw(st.sampled_from(["clip_epsilon", "noise_level", "adv_clip", "kl_coef"]))
-            value = draw(st.sampled_from({"clip_epsilon": [-1e-4, 1.0, float("nan"), (1e-4,)],
+            name = draw(st.sampled_from(["clip_range", "noise_level", "advantage_clip", "ref_kl_coef"]))
+            value = draw(st.sampled_from({"clip_range": [-1e-4, 1.0, float("nan"), (1e-4,)],
                                           "noise_level": [0.0, -0.7, float("nan"), float("inf")],
-                                          "adv_clip": [0.0, -5.0, float("nan")],
-                                          "kl_coef": [float("nan"), -0.01, float("inf")]}[name]))
+                                          "advantage_clip": [0.0, -5.0, float("nan")],
+                                          "ref_kl_coef": [float("nan"), -0.01, float("inf")]}[name]))
             pattern = rf"{name} must"
-            if name == "kl_coef":
+            if name == "ref_kl_coef":
                 kwargs["ref_model"] = copy.deepcopy(model)
         kwargs[name] = value
         record("flow_grpo", *sig, name, value)
@@ -771,9 +771,9 @@ def test_fuzz_samplers(data):
         sig.append(how)
     elif kind == "z_dtype":
         z = z.round().to(draw(st.sampled_from([torch.long, torch.int32, torch.bool])))
-        pattern = r"z \(the initial noise\) must be a floating-point tensor"
+        pattern = r"noise \(the initial state at grid\[0\]\) must be a floating-point tensor"
     elif kind == "z_type":
-        z, errors, pattern = z.tolist(), TypeError, r"z must be a torch.Tensor"
+        z, errors, pattern = z.tolist(), TypeError, r"noise must be a torch.Tensor"
     elif kind == "unknown_method":
         entry, method = "ode", draw(unknown(ODE_SOLVERS))
         pattern = re.escape(f"Unknown ODE solver {method!r}")
@@ -800,7 +800,7 @@ def test_fuzz_samplers(data):
         if entry == "dpmpp_2m":
             return sample_dpmpp_2m(model, z, grid, path=path)
         if entry == "ode":
-            return sample_ode(model, z, None, grid, method=method)
+            return sample_ode(model, z, grid, method=method)
         return sample_sde(model, z, grid, generator=generator, **kwargs)
 
     record("samplers", *sig)
@@ -907,19 +907,16 @@ FLOAT_RULES = {  # key -> out-of-range values (NaN/inf are refused for every flo
     "rollout.shift": ["0", "-3"],
     "advantage.soft_clip": ["0", "-3"],
     "advantage.clip": ["0", "-5"],
-    "vgrpo.clip_low": ["1", "1.5", "-0.01"],
-    "vgrpo.clip_high": ["-0.01"],
-    "vgrpo.kl_coef": ["-0.3"],
+    "vgrpo.clip_range": ["1", "1.5", "-0.01", "0.01,-0.01", "1,0.01", "(0.01,nan)", "0.01,inf"],
+    "vgrpo.behaviour_kl_coef": ["-0.3"],
     "vgrpo.ref_kl_coef": ["-1"],
     "flow_grpo.noise_level": ["0", "-0.7"],
-    "flow_grpo.clip_epsilon": ["-1e-4", "1"],
-    "flow_grpo.adv_clip": ["0", "-5"],
-    "flow_grpo.kl_coef": ["-0.01"],
+    "flow_grpo.clip_range": ["-1e-4", "1", "1e-4,-1e-4"],
+    "flow_grpo.ref_kl_coef": ["-0.01"],
     "diffusion_nft.strength": ["0", "-1"],
-    "diffusion_nft.adv_max": ["0", "-5"],
     "diffusion_nft.decay_rate": ["-0.001"],
     "diffusion_nft.decay_max": ["1.5", "-0.1"],
-    "diffusion_nft.kl_coef": ["-1e-4"],
+    "diffusion_nft.ref_kl_coef": ["-1e-4"],
     "diffusion_nft.timestep_fraction": ["0", "1.5"],
     "flow_grpo.timestep_fraction": ["0", "1.5"],
     "flow_grpo.cfg_scale": ["0", "-1"],

@@ -2,7 +2,7 @@
 old-policy soft update of DiffusionNFT and the MixGRPO SDE window.
 
 A schedule is any callable ``schedule(step: int) -> float``; assign its value to a loss buffer
-(``loss.clip_high = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`).
+(``loss.clip_range = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,14 @@
 
 Conventions (TorchRL's): each loss reads a TensorDict whose entry names are remappable with ``set_keys``,
 returns a TensorDict whose ``loss_*`` entries a trainer sums, and detached diagnostics beside them.
-Coefficients are buffers (``loss.kl_coef = 0.1`` updates in place, so schedules can drive them).
-A KL term exists only if its coefficient was given (``None`` = off); it is then always computed, so that a
-schedule may start it at 0 and no Python branch on a tensor value forces a device sync.
+Coefficients and the clip range are buffers (``loss.ref_kl_coef = 0.1``, ``loss.clip_range = 0.02`` or
+``(0.01, 0.02)`` update in place, so schedules can drive them).
+
+One name per meaning across the three losses: ``behaviour_kl_coef`` weighs a KL to the behaviour (old) policy
+(outputs ``loss_behaviour_kl``, ``behaviour_kl``), ``ref_kl_coef`` a KL to a frozen reference (base) policy
+(``loss_ref_kl``, ``ref_kl``); ``clip_range`` is ``eps`` or ``(low, high)``; ``advantage_clip`` bounds the
+advantages. A KL term exists only if its coefficient was given (``None`` = off); it is then always computed, so
+that a schedule may start it at 0 and no Python branch on a tensor value forces a device sync.
 """
 
 from __future__ import annotations
@@ -36,18 +41,31 @@ from vgrpo_lib.weighting import mean_over_data
 FLOW_GRPO_KL_FORMS = ("exact", "flow_grpo")
 
 
-def _clip_range(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
-    if isinstance(clip_epsilon, (tuple, list)) and len(clip_epsilon) != 2:
-        raise ValueError(f"clip_epsilon must be eps or (eps_low, eps_high), got {clip_epsilon!r}.")
-    low, high = clip_epsilon if isinstance(clip_epsilon, (tuple, list)) else (clip_epsilon, clip_epsilon)
-    low, high = check_real("clip_epsilon", low), check_real("clip_epsilon", high)
-    if not (0.0 <= low < 1.0 and high >= 0.0):
-        raise ValueError(f"clip_epsilon must be >= 0 (and the low side < 1), got {clip_epsilon}.")
-    return float(low), float(high)
+def check_clip_range(clip_range: float | tuple[float, float]) -> tuple[float, float]:
+    """``(low, high)`` of ``eps`` or ``(low, high)``; a ValueError naming ``clip_range`` unless
+    ``0 <= low < 1`` and ``0 <= high`` (finite)."""
+    if isinstance(clip_range, (tuple, list)) and len(clip_range) != 2:
+        raise ValueError(f"clip_range must be eps or a (low, high) pair, got {clip_range!r}.")
+    low, high = clip_range if isinstance(clip_range, (tuple, list)) else (clip_range, clip_range)
+    low, high = check_real("clip_range", low), check_real("clip_range", high)
+    if not (0.0 <= low < 1.0 and 0.0 <= high < math.inf):
+        raise ValueError(f"clip_range must be >= 0 and finite (and the low side < 1), got {clip_range!r}.")
+    return low, high
 
 
 class _PolicyLoss(LossModule):
-    """Shared plumbing: key access with clear errors, buffers for coefficients, no value estimator."""
+    """Shared plumbing: key access with clear errors, buffers for coefficients and the clip range, no value
+    estimator."""
+
+    def __setattr__(self, name: str, value) -> None:
+        # ``loss.clip_range = eps`` or ``(low, high)``: checked, then copied into the [2] buffer in place.
+        if name == "clip_range" and self.__dict__.get("_buffers", {}).get("clip_range") is not None:
+            self._buffers["clip_range"].copy_(torch.tensor(check_clip_range(value)))
+            return
+        super().__setattr__(name, value)
+
+    def _register_clip_range(self, clip_range: float | tuple[float, float]) -> None:
+        self.register_buffer("clip_range", torch.tensor(check_clip_range(clip_range)))
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """These losses have no value estimator: nothing to forward."""
@@ -74,9 +92,9 @@ class _PolicyLoss(LossModule):
             )
         log_ratio = log_prob - old_log_prob
         return {
-            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_low, self.clip_high).mean(),
-            "clip_fraction": clip_fraction(log_ratio, self.clip_low, self.clip_high),
-            "clip_fraction_active": clip_fraction_active(log_ratio, advantage, self.clip_low, self.clip_high),
+            "loss_objective": clipped_ratio_objective(log_ratio, advantage, self.clip_range).mean(),
+            "clip_fraction": clip_fraction(log_ratio, self.clip_range),
+            "clip_fraction_active": clip_fraction_active(log_ratio, advantage, self.clip_range),
             **ratio_diagnostics(log_ratio),
         }
 
@@ -86,17 +104,17 @@ class VGRPOLoss(_PolicyLoss):
 
         rho_i = exp(s_theta(o_i) - s_old(o_i))                       (same stored pairs for both)
         L = -mean_i min(rho_i A_i, clip(rho_i, 1 - eps_lo, 1 + eps_hi) A_i)
-            + kl_coef * mean_i D_i(theta, old)  +  ref_kl_coef * mean_i D_i(theta, ref)
+            + behaviour_kl_coef * mean_i D_i(theta, old)  +  ref_kl_coef * mean_i D_i(theta, ref)
 
     ``D`` is the x-space distance of :func:`~vgrpo_lib.objectives.x_space_kl` on the stored pairs.
 
     Args:
         model: the trained velocity model ``model(z, t, cond) -> v``.
         estimator: the :class:`~vgrpo_lib.elbo.ELBOSurrogate` whose pairs are stored in the batch.
-        clip_epsilon: ``eps`` or ``(eps_lo, eps_hi)``; whole-sample ratios are sensitive, the paper uses
+        clip_range: ``eps`` or ``(eps_lo, eps_hi)``; whole-sample ratios are sensitive, the paper uses
             about 6e-3 to 3e-2 (not LLM-style 0.2).
-        kl_coef: coefficient of the KL to the behaviour policy (paper: 0.3 where used); needs the batch entry
-            ``"old_x_pred"`` ``[B, K, *D]`` stored with the old surrogates. ``None``: no KL term.
+        behaviour_kl_coef: coefficient of the KL to the behaviour policy (paper: 0.3 where used); needs the batch
+            entry ``"old_x_pred"`` ``[B, K, *D]`` stored with the old surrogates. ``None``: no KL term.
         ref_model, ref_kl_coef: a frozen reference policy (e.g. the base model; LoRA: adapters disabled) and the
             coefficient of the same x-space distance to it, computed on the fly without gradient.
         on_policy: the batch is used for exactly one gradient step right after the rollout, so
@@ -106,11 +124,12 @@ class VGRPOLoss(_PolicyLoss):
 
     Batch entries (remappable with ``set_keys``): ``sample`` ``[B, *D]``, ``cond`` ``[B, ...]``, ``advantage``
     ``[B]``, ``pairs`` (TensorDict ``[B, K]`` from :meth:`ELBOSurrogate.sample_pairs`), ``old_log_prob`` ``[B]``,
-    ``old_x_pred`` ``[B, K, *D]`` (KL only).
+    ``old_x_pred`` ``[B, K, *D]`` (behaviour KL only).
 
-    Returns ``loss_objective`` (and ``loss_kl``, ``loss_ref_kl``) plus detached diagnostics: ratio mean/min/max,
-    ``clip_fraction`` / ``clip_fraction_active``, ``approx_kl_k3`` / ``approx_kl_sq``, ESS (see
-    :func:`~vgrpo_lib.objectives.ratio_diagnostics`), surrogate mean, and the KL values.
+    Returns ``loss_objective`` (and ``loss_behaviour_kl``, ``loss_ref_kl``) plus detached diagnostics: ratio
+    mean/min/max, ``clip_fraction`` / ``clip_fraction_active``, ``approx_kl_k3`` / ``approx_kl_sq``, ESS (see
+    :func:`~vgrpo_lib.objectives.ratio_diagnostics`), surrogate mean, and the KL values ``behaviour_kl``,
+    ``ref_kl``.
     """
 
     @dataclass
@@ -122,15 +141,15 @@ class VGRPOLoss(_PolicyLoss):
         old_log_prob: str = "old_log_prob"
         old_x_pred: str = "old_x_pred"
 
-    _schedulable_buffers = frozenset({"clip_low", "clip_high", "kl_coef", "ref_kl_coef"})
+    _schedulable_buffers = frozenset({"behaviour_kl_coef", "ref_kl_coef"})
 
     def __init__(
         self,
         model: torch.nn.Module,
         estimator: ELBOSurrogate,
         *,
-        clip_epsilon: float | tuple[float, float] = 0.01,
-        kl_coef: float | None = None,
+        clip_range: float | tuple[float, float] = 0.01,
+        behaviour_kl_coef: float | None = None,
         ref_model: torch.nn.Module | None = None,
         ref_kl_coef: float | None = None,
         on_policy: bool = False,
@@ -141,22 +160,20 @@ class VGRPOLoss(_PolicyLoss):
             raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.model, self.estimator, self.ref_model = model, estimator, ref_model
         self.on_policy, self.unconditional = on_policy, unconditional
-        low, high = _clip_range(clip_epsilon)
-        self.register_buffer("clip_low", torch.tensor(low))
-        self.register_buffer("clip_high", torch.tensor(high))
-        self._register_coefficient("kl_coef", kl_coef)
+        self._register_clip_range(clip_range)
+        self._register_coefficient("behaviour_kl_coef", behaviour_kl_coef)
         self._register_coefficient("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
         keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
         keys += [] if self.on_policy else ["old_log_prob"]
-        keys += [] if self.kl_coef is None else ["old_x_pred"]
+        keys += [] if self.behaviour_kl_coef is None else ["old_x_pred"]
         return [getattr(self.tensor_keys, k) for k in keys]
 
     @property
     def out_keys(self):
-        keys = ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+        keys = ["loss_objective"] + ([] if self.behaviour_kl_coef is None else ["loss_behaviour_kl"])
         return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
@@ -173,7 +190,7 @@ class VGRPOLoss(_PolicyLoss):
             old_log_prob = self._get(tensordict, "old_log_prob", "the behaviour policy's surrogates")
         out = self._clipped_objective(log_prob, old_log_prob, advantage, "must be [B] =")
         out["surrogate"] = log_prob.detach().mean()
-        if self.kl_coef is not None:
+        if self.behaviour_kl_coef is not None:
             old_x_pred = self._get(tensordict, "old_x_pred", "the behaviour policy's x-predictions, for the KL")
             if old_x_pred.shape != x_pred.shape:
                 raise ValueError(
@@ -181,7 +198,7 @@ class VGRPOLoss(_PolicyLoss):
                     "(x-space KL needs equal shapes)."
                 )
             kl = x_space_kl(x_pred, old_x_pred).mean()
-            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+            out.update(loss_behaviour_kl=self.behaviour_kl_coef * kl, behaviour_kl=kl.detach())
         if self.ref_kl_coef is not None:
             with torch.no_grad():
                 ref_x_pred = self.estimator.path.x_from_v(
@@ -196,7 +213,7 @@ class FlowGRPOLoss(_PolicyLoss):
     """Flow-GRPO: per-transition PPO on the SDE rollout (Liu et al., 2025).
 
         ratio = exp(log p_theta(z' | z) - log p_old(z' | z)) of each stored SDE transition
-        L = -mean over transitions of min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)  +  kl_coef * mean KL_step
+        L = -mean over transitions of min(ratio A, clip(ratio, 1 - eps, 1 + eps) A)  +  ref_kl_coef * mean KL_step
 
     The step ``t -> t_next`` is Gaussian, ``N(mu, sigma_t^2 |dt| I)`` (:func:`vgrpo_lib.sde.sde_step_mean_std`), so
     its KL to the reference's step has a closed form. ``kl_form`` chooses what ``KL_step`` means:
@@ -215,12 +232,13 @@ class FlowGRPOLoss(_PolicyLoss):
         model: the trained velocity model (wrap it in
             :class:`~vgrpo_lib.samplers.ClassifierFreeGuidance` with ``detach_uncond=True`` to train with CFG as
             the official code does).
-        clip_epsilon: Flow-GRPO uses 1e-4 with the ``"mean"`` log-prob reduction.
+        clip_range: ``eps`` or ``(low, high)``; Flow-GRPO uses 1e-4 with the ``"mean"`` log-prob reduction.
         noise_level: ``a`` of the SDE (0.7; ``eta`` in ``(0, 1]`` for CPS); must equal the rollout's.
         log_prob_reduction: ``"mean"`` over dimensions (anchor, default) or ``"sum"``; must equal the rollout's.
-        adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]`` (5).
+        advantage_clip: advantages are hard-clipped to ``[-advantage_clip, advantage_clip]`` (official: 5);
+            ``None``: not clipped here (e.g. already clipped by :class:`~vgrpo_lib.advantages.GroupAdvantage`).
         sde_type: ``"flow_sde"`` (Flow-GRPO's SDE) or ``"cps"`` (coefficients-preserving); must equal the rollout's.
-        ref_model, kl_coef: closed-form Gaussian KL to a frozen reference (``None``: no KL term).
+        ref_model, ref_kl_coef: closed-form Gaussian KL to a frozen reference (``None``: no KL term).
         kl_form: ``"exact"`` (default) or ``"flow_grpo"``, see above.
 
     Batch entries: one row per transition (any batch shape; it is flattened): ``z``, ``z_next`` ``[..., *D]``,
@@ -237,36 +255,35 @@ class FlowGRPOLoss(_PolicyLoss):
         advantage: str = "advantage"
         old_log_prob: str = "old_log_prob"
 
-    _schedulable_buffers = frozenset({"clip_low", "clip_high", "kl_coef"})
+    _schedulable_buffers = frozenset({"ref_kl_coef"})
 
     def __init__(
         self,
         model: torch.nn.Module,
         *,
-        clip_epsilon: float | tuple[float, float] = 1e-4,
+        clip_range: float | tuple[float, float] = 1e-4,
         noise_level: float = 0.7,
         log_prob_reduction: str = "mean",
-        adv_clip: float = 5.0,
+        advantage_clip: float | None = 5.0,
         ref_model: torch.nn.Module | None = None,
-        kl_coef: float | None = None,
+        ref_kl_coef: float | None = None,
         sde_type: str = "flow_sde",
         kl_form: str = "exact",
         unconditional: bool = False,
     ):
         super().__init__()
-        if (ref_model is None) != (kl_coef is None):
-            raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        if (ref_model is None) != (ref_kl_coef is None):
+            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.step_mean_std, self.sde_type = step_mean_std(sde_type), sde_type
         check_noise_level(sde_type, noise_level)
         self.kl_form = choose("Flow-GRPO KL form", kl_form, FLOW_GRPO_KL_FORMS)
-        check_positive("adv_clip", adv_clip, allow_inf=True)  # clamp(-c, c) with c <= 0 or NaN is not a clip
+        if advantage_clip is not None:  # clamp(-c, c) with c <= 0 or NaN is not a clip
+            check_positive("advantage_clip", advantage_clip, allow_inf=True)
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
-        self.noise_level, self.adv_clip = noise_level, adv_clip
-        low, high = _clip_range(clip_epsilon)
-        self.register_buffer("clip_low", torch.tensor(low))
-        self.register_buffer("clip_high", torch.tensor(high))
-        self._register_coefficient("kl_coef", kl_coef)
+        self.noise_level, self.advantage_clip = noise_level, advantage_clip
+        self._register_clip_range(clip_range)
+        self._register_coefficient("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -275,7 +292,7 @@ class FlowGRPOLoss(_PolicyLoss):
 
     @property
     def out_keys(self):
-        return ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         if tensordict.batch_size.numel() == 0:
@@ -294,7 +311,9 @@ class FlowGRPOLoss(_PolicyLoss):
                     f"{name} must hold one time per transition, {tuple(z.shape[:1])} after flattening the batch, "
                     f"got {tuple(value.shape)}."
                 )
-        advantage = self._get(batch, "advantage", "the advantages").clamp(-self.adv_clip, self.adv_clip)
+        advantage = self._get(batch, "advantage", "the advantages")
+        if self.advantage_clip is not None:
+            advantage = advantage.clamp(-self.advantage_clip, self.advantage_clip)
         old_log_prob = self._get(batch, "old_log_prob", "the rollout's transition log-probs")
         cond = self._cond(batch)
         mean, std = self.step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
@@ -304,14 +323,14 @@ class FlowGRPOLoss(_PolicyLoss):
             advantage,
             "must have one entry per transition (after flattening the batch):",
         )
-        if self.kl_coef is not None:
+        if self.ref_kl_coef is not None:
             with torch.no_grad():
                 ref_mean, _ = self.step_mean_std(z, self.ref_model(z, t, cond), t, t_next, self.noise_level)
             kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction)
             if self.kl_form == "flow_grpo":
                 kl = kl * (t - t_next)  # the official divides by 2 sigma_t^2 only: |dt| times the exact KL
             kl = kl.mean()
-            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
         return TensorDict(out, batch_size=[])
 
     def _ratio_log_probs(self, batch: TensorDictBase, log_prob, old_log_prob, mean, std):
@@ -443,7 +462,7 @@ class DiffusionNFTLoss(_PolicyLoss):
 
         r = clip(clip(A, -Amax, Amax) / (2 Amax) + 1/2, 0, 1)
         v+ = (1 - b) v_old + b v_theta,      v- = (1 + b) v_old - b v_theta
-        L = (Amax / b) E_{t, eps}[ r l(v+) + (1 - r) l(v-) ]  +  kl_coef E ||v_theta - v_ref||^2
+        L = (Amax / b) E_{t, eps}[ r l(v+) + (1 - r) l(v-) ]  +  ref_kl_coef E ||v_theta - v_ref||^2
 
     ``l`` is the estimator's per-pair loss (default x-space adaptive weighting, as in DiffusionNFT); the
     ``Amax / b`` scale follows the official code. The old policy is a soft copy of the trained one, updated
@@ -454,10 +473,11 @@ class DiffusionNFTLoss(_PolicyLoss):
             ``(x_t, t, cond) -> v``: a module, or a view of a second LoRA adapter of the same model).
         estimator: noising and weighting; its pairs (fresh each step, ``sharing="none"``) are in the batch.
         strength: ``b``, the implicit-policy mixing strength (1.0 GenEval, 0.1 OCR / multi-reward).
-        adv_max: ``Amax`` (5).
+        advantage_clip: ``Amax`` (official: 5): the advantages are clamped to ``[-Amax, Amax]`` before they are
+            normalised into ``r``.
         adv_mode: the official ``adv_mode`` (``"all"``, ``"positive_only"``, ``"negative_only"``, ``"one_only"``,
             ``"binary"``), see :func:`~vgrpo_lib.objectives.nft_optimality`.
-        ref_model, kl_coef: velocity-MSE KL to a frozen base policy (official: 1e-4).
+        ref_model, ref_kl_coef: velocity-MSE KL to a frozen base policy (official: 1e-4).
 
     Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``pairs`` ``[B, K]``.
     """
@@ -469,7 +489,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         advantage: str = "advantage"
         pairs: str = "pairs"
 
-    _schedulable_buffers = frozenset({"kl_coef"})
+    _schedulable_buffers = frozenset({"ref_kl_coef"})
 
     def __init__(
         self,
@@ -478,22 +498,22 @@ class DiffusionNFTLoss(_PolicyLoss):
         estimator: ELBOSurrogate,
         *,
         strength: float = 1.0,
-        adv_max: float = 5.0,
+        advantage_clip: float = 5.0,
         adv_mode: str = "all",
         ref_model: torch.nn.Module | None = None,
-        kl_coef: float | None = None,
+        ref_kl_coef: float | None = None,
         unconditional: bool = False,
     ):
         super().__init__()
-        if (ref_model is None) != (kl_coef is None):
-            raise ValueError("A KL to a reference policy needs both ref_model and kl_coef.")
+        if (ref_model is None) != (ref_kl_coef is None):
+            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.adv_mode = choose("adv_mode", adv_mode, NFT_ADVANTAGE_MODES)
-        for name, value in (("strength", strength), ("adv_max", adv_max)):
+        for name, value in (("strength", strength), ("advantage_clip", advantage_clip)):
             if not (check_real(name, value) > 0 and math.isfinite(value)):
-                raise ValueError(f"strength and adv_max must be > 0 and finite, got {name}={value}.")
+                raise ValueError(f"strength and advantage_clip must be > 0 and finite, got {name}={value}.")
         self.model, self.old_model, self.ref_model, self.estimator = model, old_model, ref_model, estimator
-        self.strength, self.adv_max, self.unconditional = strength, adv_max, unconditional
-        self._register_coefficient("kl_coef", kl_coef)
+        self.strength, self.advantage_clip, self.unconditional = strength, advantage_clip, unconditional
+        self._register_coefficient("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -502,7 +522,7 @@ class DiffusionNFTLoss(_PolicyLoss):
 
     @property
     def out_keys(self):
-        return ["loss_objective"] + ([] if self.kl_coef is None else ["loss_kl"])
+        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         sample = self._get(tensordict, "sample", "the generated samples")
@@ -515,21 +535,21 @@ class DiffusionNFTLoss(_PolicyLoss):
         v_positive, v_negative = nft_implicit_velocities(v_theta, v_old, self.strength)
         positive_loss, _ = self.estimator.pair_loss(v_positive, inputs)
         negative_loss, _ = self.estimator.pair_loss(v_negative, inputs)
-        optimality = nft_optimality(advantage, self.adv_max, self.adv_mode)
+        optimality = nft_optimality(advantage, self.advantage_clip, self.adv_mode)
         if optimality.shape != (sample.shape[0],):
             raise ValueError(f"advantage must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)}.")
         per_pair = optimality[:, None] * positive_loss + (1.0 - optimality[:, None]) * negative_loss
         out = {
-            "loss_objective": (self.adv_max / self.strength) * per_pair.mean(),
+            "loss_objective": (self.advantage_clip / self.strength) * per_pair.mean(),
             "positive_loss": positive_loss.detach().mean(),
             "negative_loss": negative_loss.detach().mean(),
             "optimality": optimality.mean(),
         }
-        if self.kl_coef is not None:
+        if self.ref_kl_coef is not None:
             with torch.no_grad():
                 v_ref = self.estimator.predict(self.ref_model, inputs)
             kl = mean_over_data((v_theta - v_ref).square(), 2).mean()
-            out.update(loss_kl=self.kl_coef * kl, kl=kl.detach())
+            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
         return TensorDict(out, batch_size=[])
 
 

@@ -14,39 +14,52 @@ from vgrpo_lib.weighting import mean_over_data
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def clipped_ratio_objective(
-    log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor
-) -> torch.Tensor:
+def clip_sides(clip_range) -> tuple:
+    """``(low, high)`` of a clip range: a float ``eps`` (symmetric), a ``(low, high)`` pair, or a tensor ``[2]``
+    (a loss module's buffer; indexed, never read back to the host: no device sync)."""
+    if isinstance(clip_range, torch.Tensor) and clip_range.ndim == 1:
+        return clip_range[0], clip_range[1]
+    if isinstance(clip_range, (tuple, list)):
+        return clip_range[0], clip_range[1]
+    return clip_range, clip_range
+
+
+def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
     """PPO's clipped surrogate loss, per element (to be averaged by the caller).
 
-        loss = -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A),   rho = exp(log_ratio)
+        loss = -min(rho A, clip(rho, 1 - low, 1 + high) A),   rho = exp(log_ratio)
 
     Args:
         log_ratio: ``[N]`` ``log pi_theta - log pi_old`` (V-GRPO: a difference of ELBO surrogates; Flow-GRPO:
             of per-step SDE log-densities).
         advantage: ``[N]`` (broadcastable), treated as a constant.
-        clip_low, clip_high: the asymmetric clip range ``[1 - clip_low, 1 + clip_high]`` (equal: symmetric).
+        clip_range: ``eps`` (the range ``[1 - eps, 1 + eps]``), a ``(low, high)`` pair (``[1 - low, 1 + high]``)
+            or a tensor ``[2]`` holding that pair.
 
     With ``log_ratio == 0`` the value is ``-A`` and the gradient ``-A * grad log_ratio`` (REINFORCE).
     """
+    low, high = clip_sides(clip_range)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     return -torch.minimum(ratio * advantage, clipped * advantage)
 
 
-def clip_fraction(log_ratio: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
-    """Share of elements whose ratio lies outside ``[1 - clip_low, 1 + clip_high]``, on either side and whatever
-    the advantage's sign: what the official Flow-GRPO logs as ``clipfrac`` (``|ratio - 1| > clip_range``)."""
+def clip_fraction(log_ratio: torch.Tensor, clip_range) -> torch.Tensor:
+    """Share of elements whose ratio lies outside the clip range, on either side and whatever the advantage's
+    sign: what the official Flow-GRPO logs as ``clipfrac`` (``|ratio - 1| > clip_range``). ``clip_range`` as in
+    :func:`clipped_ratio_objective`; returns a scalar tensor."""
+    low, high = clip_sides(clip_range)
     ratio = torch.exp(log_ratio.detach())
-    return ((ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)).float().mean()
+    return ((ratio > 1.0 + high) | (ratio < 1.0 - low)).float().mean()
 
 
-def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_low, clip_high) -> torch.Tensor:
-    """Share of elements whose gradient the clip removes: ratio above ``1 + clip_high`` with a positive
-    advantage, or below ``1 - clip_low`` with a negative one (a ratio outside the range on the other side keeps
-    its gradient, since ``min`` then picks the unclipped term)."""
+def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
+    """Share of elements whose gradient the clip removes: ratio above ``1 + high`` with a positive advantage, or
+    below ``1 - low`` with a negative one (a ratio outside the range on the other side keeps its gradient, since
+    ``min`` then picks the unclipped term). ``clip_range`` as in :func:`clipped_ratio_objective`."""
+    low, high = clip_sides(clip_range)
     ratio = torch.exp(log_ratio.detach())
-    clipped = ((ratio > 1.0 + clip_high) & (advantage > 0)) | ((ratio < 1.0 - clip_low) & (advantage < 0))
+    clipped = ((ratio > 1.0 + high) & (advantage > 0)) | ((ratio < 1.0 - low) & (advantage < 0))
     return clipped.float().mean()
 
 
@@ -147,8 +160,9 @@ def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
 NFT_ADVANTAGE_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 
 
-def nft_optimality(advantage: torch.Tensor, adv_max: float, mode: str = "all") -> torch.Tensor:
-    """DiffusionNFT's optimality probability ``r = clip(m(clip(A, -Amax, Amax)) / (2 Amax) + 1/2, 0, 1)``.
+def nft_optimality(advantage: torch.Tensor, advantage_clip: float, mode: str = "all") -> torch.Tensor:
+    """DiffusionNFT's optimality probability ``r = clip(m(clip(A, -Amax, Amax)) / (2 Amax) + 1/2, 0, 1)`` ``[B]``,
+    with ``Amax = advantage_clip`` (official: 5).
 
     ``mode`` is the official ``adv_mode`` ``m`` applied to the clipped advantage: ``"all"`` (identity),
     ``"positive_only"`` (``max(A, 0)``), ``"negative_only"`` (``min(A, 0)``), ``"one_only"`` (``1[A > 0]``),
@@ -156,7 +170,7 @@ def nft_optimality(advantage: torch.Tensor, adv_max: float, mode: str = "all") -
     official code, so ``r`` is 0.5 +- 0.1 for ``Amax = 5``.
     """
     choose("adv_mode", mode, NFT_ADVANTAGE_MODES)
-    advantage = advantage.clamp(-adv_max, adv_max)
+    advantage = advantage.clamp(-advantage_clip, advantage_clip)
     if mode == "positive_only":
         advantage = advantage.clamp_min(0.0)
     elif mode == "negative_only":
@@ -165,7 +179,7 @@ def nft_optimality(advantage: torch.Tensor, adv_max: float, mode: str = "all") -
         advantage = (advantage > 0).to(advantage.dtype)
     elif mode == "binary":
         advantage = torch.sign(advantage)
-    return (advantage / (2.0 * adv_max) + 0.5).clamp(0.0, 1.0)
+    return (advantage / (2.0 * advantage_clip) + 0.5).clamp(0.0, 1.0)
 
 
 def nft_implicit_velocities(v_theta: torch.Tensor, v_old: torch.Tensor, strength: float):

@@ -1,8 +1,9 @@
 """Rollout samplers for the velocity-model protocol ``model(z, t, cond) -> v``.
 
-In the style of k-diffusion: each sampler is a short function of ``(model, z, grid, cond)`` over an explicit
-time grid (a list of floats from 1 to 0, see :func:`time_grid`); nothing is stateful, nothing advances behind
-the caller's back. A ``callback(info)`` receives ``{"i", "t", "t_next", "z", "v"}`` at every step for
+In the style of k-diffusion: every sampler is a short function of ``(model, noise, grid, cond=None, ...)``, in
+that order, over an explicit time grid (a list of floats from 1 to 0, see :func:`time_grid`); nothing is
+stateful, nothing advances behind the caller's back. A call with the arguments out of order (a tensor or None
+where the grid goes) is refused with an error naming the argument. A ``callback(info)`` receives ``{"i", "t", "t_next", "z", "v"}`` at every step for
 recording. The grid is kept as Python floats so that no step forces a device sync.
 
 - :func:`sample_euler`, :func:`sample_heun` (2nd order), :func:`sample_dpmpp_2m` (DPM-Solver++(2M), data
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from numbers import Real
 
 import torch
 from tensordict import TensorDict
@@ -41,6 +43,13 @@ def time_grid(num_steps: int, shift: float = 1.0, t_max: float = 1.0, t_min: flo
 
 
 def _check_grid(grid: Sequence[float]) -> list[float]:
+    if isinstance(grid, torch.Tensor) or not isinstance(grid, Sequence) or isinstance(grid, str):
+        raise TypeError(
+            f"grid must be a sequence of Python floats (e.g. time_grid(10)), got {type(grid).__name__}; the samplers "
+            "take (model, noise, grid, cond=None, ...) in that order."
+        )
+    if not all(isinstance(t, Real) and not isinstance(t, bool) for t in grid):
+        raise TypeError(f"grid must hold real numbers (times in [0, 1]), got {[type(t).__name__ for t in grid][:4]}.")
     grid = [float(t) for t in grid]
     decreasing = all(a > b for a, b in zip(grid, grid[1:]))  # False for NaN, unlike `b >= a`
     if len(grid) < 2 or not decreasing or not all(0.0 <= t <= 1.0 for t in grid):
@@ -48,11 +57,11 @@ def _check_grid(grid: Sequence[float]) -> list[float]:
     return grid
 
 
-def _check_state(z) -> None:
-    """Integer states would silently truncate the times and steps (``_times`` uses ``z``'s dtype)."""
-    check_tensor("z", z)
-    if not z.is_floating_point():
-        raise ValueError(f"z (the initial noise) must be a floating-point tensor, got dtype {z.dtype}.")
+def _check_noise(noise) -> None:
+    """Integer states would silently truncate the times and steps (``_times`` uses the state's dtype)."""
+    check_tensor("noise", noise)
+    if not noise.is_floating_point():
+        raise ValueError(f"noise (the initial state at grid[0]) must be a floating-point tensor, got dtype {noise.dtype}.")
 
 
 def _times(z: torch.Tensor, t: float) -> torch.Tensor:
@@ -63,10 +72,12 @@ def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
     return model(z, _times(z, t), cond)
 
 
-def sample_euler(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
-    """First-order ODE solver ``z <- z + (t_next - t) v``."""
+def sample_euler(model, noise: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+    """First-order ODE solver ``z <- z + (t_next - t) v`` from ``z = noise`` ``[B, *D]`` at ``grid[0]``; returns
+    the state at ``grid[-1]`` ``[B, *D]``."""
     grid = _check_grid(grid)
-    _check_state(z)
+    _check_noise(noise)
+    z = noise
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if callback is not None:
@@ -75,10 +86,12 @@ def sample_euler(model, z: torch.Tensor, grid: Sequence[float], cond=None, callb
     return z
 
 
-def sample_heun(model, z: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
-    """Heun's second-order method (trapezoidal correction with a second model call per step)."""
+def sample_heun(model, noise: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+    """Heun's second-order method (trapezoidal correction with a second model call per step), ``[B, *D]`` ->
+    ``[B, *D]`` as :func:`sample_euler`."""
     grid = _check_grid(grid)
-    _check_state(z)
+    _check_noise(noise)
+    z = noise
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if callback is not None:
@@ -98,7 +111,7 @@ def _half_log_snr(a: float, b: float) -> float:
 
 def sample_dpmpp_2m(
     model,
-    z: torch.Tensor,
+    noise: torch.Tensor,
     grid: Sequence[float],
     cond=None,
     callback: Callback = None,
@@ -109,10 +122,11 @@ def sample_dpmpp_2m(
     With ``lambda = log(a_t / b_t)`` and ``h = lambda_next - lambda``:
     ``z_next = (b_next / b) z - a_next (exp(-h) - 1) D``, where ``D`` is the data prediction (first order) or
     ``(1 + 1/(2r)) x_hat - 1/(2r) x_hat_prev`` with ``r = h_prev / h`` (second order). The first step, the last
-    step (``b_next = 0``) and any step after an infinite ``h`` use first order.
+    step (``b_next = 0``) and any step after an infinite ``h`` use first order. ``[B, *D]`` -> ``[B, *D]``.
     """
     grid, path = _check_grid(grid), make_path(path)
-    _check_state(z)
+    _check_noise(noise)
+    z = noise
     times = torch.tensor(grid, dtype=torch.float64)
     a, b = path.a(times).tolist(), path.b(times).tolist()
     lam = [_half_log_snr(ai, bi) for ai, bi in zip(a, b)]
@@ -136,8 +150,11 @@ def sample_dpmpp_2m(
 ODE_SOLVERS = {"euler": sample_euler, "heun": sample_heun, "dpmpp_2m": sample_dpmpp_2m}
 
 
-def sample_ode(model, noise: torch.Tensor, cond, grid: Sequence[float], method: str = "euler", callback: Callback = None):
-    """Integrate the probability-flow ODE from ``noise`` at ``grid[0]`` to ``grid[-1]`` with a named solver."""
+def sample_ode(
+    model, noise: torch.Tensor, grid: Sequence[float], cond=None, method: str = "euler", callback: Callback = None
+) -> torch.Tensor:
+    """Integrate the probability-flow ODE from ``noise`` ``[B, *D]`` at ``grid[0]`` to ``grid[-1]`` with a named
+    solver (``"euler"``, ``"heun"``, ``"dpmpp_2m"``); returns ``[B, *D]``."""
     solver = ODE_SOLVERS[choose("ODE solver", method, ODE_SOLVERS)]
     return solver(model, noise, grid, cond, callback=callback)
 
@@ -149,7 +166,7 @@ def nfe_per_sample(method: str, num_steps: int) -> int:
 
 def sample_sde(
     model,
-    z: torch.Tensor,
+    noise: torch.Tensor,
     grid: Sequence[float],
     cond=None,
     *,
@@ -176,7 +193,8 @@ def sample_sde(
         (the behaviour policy's log-density of each transition: Flow-GRPO's old log-probs).
     """
     grid = _check_grid(grid)
-    _check_state(z)
+    _check_noise(noise)
+    z = noise
     step = step_mean_std(sde_type)
     check_noise_level(sde_type, noise_level)
     num_steps = len(grid) - 1

@@ -312,7 +312,7 @@ class DiffusersTask:
             chunk = list(prompts[start : start + self.batch_size])
             cond = self.condition(chunk).to(device)
             z = noise[start : start + len(chunk)].to(device)
-            images.append(self.decode(sample_ode(policy, z, cond, grid, method=self.eval_solver)))
+            images.append(self.decode(sample_ode(policy, z, grid, cond, method=self.eval_solver)))
         return torch.cat(images)
 
     def labels(self, prompts: Sequence[str]) -> list | None:

@@ -45,5 +45,5 @@ def sample_images(
     prompts = prompts.to(device)
     model = classifier_free_guidance(policy, null_prompts, cfg_scale)
     grid = time_grid(num_steps, shift=shift)
-    out = [sample_ode(model, z, c, grid, method=method) for z, c in zip(noise.split(chunk_size), prompts.split(chunk_size))]
+    out = [sample_ode(model, z, grid, c, method=method) for z, c in zip(noise.split(chunk_size), prompts.split(chunk_size))]
     return to_images(torch.cat(out))

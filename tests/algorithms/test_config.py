@@ -54,7 +54,7 @@ def test_every_valid_key_can_be_set_from_the_command_line():
 
 def test_presets_apply_and_unknown_preset_is_refused():
     for algo in ("vgrpo", "flow_grpo", "diffusion_nft"):
-        apply_overrides(TrainConfig(algo=algo), preset_overrides("testbed", algo))
+        apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides("testbed", algo)])
     assert "task=sd3.5-medium" in preset_overrides("sd3.5-medium", "vgrpo")
     with pytest.raises(ValueError, match="Unknown preset 'sd4'"):
         preset_overrides("sd4", "vgrpo")
@@ -92,3 +92,35 @@ def test_antithetic_noise_needs_an_even_number_of_pairs():
     assert apply_overrides(TrainConfig(), ["vgrpo.noise=antithetic"]).vgrpo.noise == "antithetic"
     with pytest.raises(ValueError, match="vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got 3"):
         apply_overrides(TrainConfig(), ["vgrpo.noise=antithetic", "vgrpo.num_pairs=3"])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("0.02", 0.02), ("0.01,0.03", (0.01, 0.03)), ("(0.01, 0.03)", (0.01, 0.03)), ("[0.005,0.02]", (0.005, 0.02))],
+)
+def test_clip_range_is_eps_or_a_low_high_pair_and_round_trips(text, expected):
+    config = apply_overrides(TrainConfig(), [f"vgrpo.clip_range={text}"])
+    assert config.vgrpo.clip_range == expected
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config  # the pair is a JSON list, read back a tuple
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("0.01,0.02,0.03", "expected float or a \\(low, high\\) pair"), ("low,high", "expected float or a \\(low, high\\)"),
+     ("1.0", "vgrpo.clip_range must be eps or a \\(low, high\\) pair with 0 <= low < 1"),
+     ("0.01,-0.01", "vgrpo.clip_range must be"), ("0.01,nan", "vgrpo.clip_range must be")],
+)
+def test_bad_clip_ranges_name_the_key(text, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(TrainConfig(), [f"vgrpo.clip_range={text}"])
+    payload = TrainConfig().to_dict()
+    payload["vgrpo"]["clip_range"] = [0.01, "x"]
+    with pytest.raises(ValueError, match="Config key vgrpo.clip_range must be float or a \\(low, high\\) pair"):
+        TrainConfig.from_dict(payload)
+
+
+def test_diffusion_nft_needs_an_advantage_clip_for_its_normalisation():
+    with pytest.raises(ValueError, match="diffusion_nft needs advantage.clip"):
+        apply_overrides(TrainConfig(), ["algo=diffusion_nft"])
+    config = apply_overrides(TrainConfig(), ["algo=diffusion_nft", "advantage.clip=5"])
+    assert config.advantage.clip == 5.0

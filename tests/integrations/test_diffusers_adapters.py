@@ -303,7 +303,7 @@ def test_one_vgrpo_iteration_through_the_adapter(family):
     old_log_prob = estimator(AdapterView(model), sample, cond, pairs)
     batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage, "pairs": pairs,
                         "old_log_prob": old_log_prob}, batch_size=[B])
-    loss = VGRPOLoss(model, estimator, clip_epsilon=0.01, ref_model=AdapterView(model, None), ref_kl_coef=0.1)
+    loss = VGRPOLoss(model, estimator, clip_range=0.01, ref_model=AdapterView(model, None), ref_kl_coef=0.1)
     out = loss(batch)
     assert out["ratio_mean"].item() == pytest.approx(1.0, abs=1e-6), "theta == theta_old right after the copy"
     _step_changes_only_lora(model, out["loss_objective"] + out["loss_ref_kl"])
@@ -324,9 +324,9 @@ def test_one_flow_grpo_iteration_through_the_adapter(family):
         "advantage": advantage[:, None].expand(B, num_steps),
         "cond": cond.unsqueeze(1).expand(B, num_steps).clone(),
     })
-    out = FlowGRPOLoss(model, ref_model=AdapterView(model, None), kl_coef=0.04)(batch)
+    out = FlowGRPOLoss(model, ref_model=AdapterView(model, None), ref_kl_coef=0.04)(batch)
     torch.testing.assert_close(out["ratio_mean"], torch.tensor(1.0), rtol=0, atol=1e-5)
-    _step_changes_only_lora(model, out["loss_objective"] + out["loss_kl"])
+    _step_changes_only_lora(model, out["loss_objective"] + out["loss_ref_kl"])
 
 
 @pytest.mark.parametrize("family", ["sd3", "flux"])
@@ -340,6 +340,6 @@ def test_one_diffusion_nft_iteration_through_the_adapter(family):
     batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage,
                         "pairs": estimator.sample_pairs(sample, generator=g)}, batch_size=[B])
     loss = DiffusionNFTLoss(model, AdapterView(model), estimator, strength=1.0, ref_model=AdapterView(model, None),
-                            kl_coef=1e-4)
+                            ref_kl_coef=1e-4)
     out = loss(batch)
-    _step_changes_only_lora(model, out["loss_objective"] + out["loss_kl"])
+    _step_changes_only_lora(model, out["loss_objective"] + out["loss_ref_kl"])

@@ -59,17 +59,19 @@ def probe(task, seed=0):
 
 
 def config(algo: str, *overrides: str) -> TrainConfig:
-    return apply_overrides(TrainConfig(algo=algo), [
-        "task=sd3.5-medium", "iterations=2", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=3",
-        "eval.per_prompt=2", "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01", *overrides,
+    amax = ["advantage.clip=5.0"] if algo == "diffusion_nft" else []  # DiffusionNFT's Amax (no preset here)
+    return apply_overrides(TrainConfig(), [
+        f"algo={algo}", "task=sd3.5-medium", "iterations=2", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=3",
+        "eval.per_prompt=2", "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01", *amax,
+        *overrides,
     ])
 
 
 # Each algorithm with its KL to the reference policy switched on, so the adapters-off view is exercised.
 ALGORITHMS = {
     "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
-    "flow_grpo": ["flow_grpo.kl_coef=0.04"],
-    "diffusion_nft": ["diffusion_nft.kl_coef=1e-4"],
+    "flow_grpo": ["flow_grpo.ref_kl_coef=0.04"],
+    "diffusion_nft": ["diffusion_nft.ref_kl_coef=1e-4"],
 }
 
 

@@ -15,7 +15,7 @@ from vgrpo_lib import DiffusionNFTLoss, ELBOSurrogate, FlowGRPOLoss, GroupAdvant
 from vgrpo_lib.control import AdaptiveKLController, Linear, Piecewise, SDEWindow, ema_update_
 from vgrpo_lib.objectives import gaussian_kl_same_std, kl_estimate, soft_clip, x_space_kl
 from vgrpo_lib.paths import make_path
-from vgrpo_lib.samplers import sample_dpmpp_2m, sample_euler, sample_ode, sample_sde, time_grid
+from vgrpo_lib.samplers import sample_dpmpp_2m, sample_euler, sample_heun, sample_ode, sample_sde, time_grid
 from vgrpo_lib.sde import gaussian_log_prob
 from vgrpo_lib.timesteps import DiscreteGrid, LogitNormal, Shifted, Uniform, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
@@ -247,7 +247,7 @@ LOSS_KEYS = {
 
 def _make_loss(kind, model, est):
     if kind == "vgrpo":
-        return VGRPOLoss(model, est, kl_coef=0.1)
+        return VGRPOLoss(model, est, behaviour_kl_coef=0.1)
     if kind == "flow":
         return FlowGRPOLoss(model)
     return DiffusionNFTLoss(model, copy.deepcopy(model), est)
@@ -293,7 +293,7 @@ def test_vgrpo_kl_needs_old_x_pred_of_the_right_shape(batches):
     bad = vgrpo.clone()
     bad["old_x_pred"] = torch.zeros(4, 2, 5)
     with pytest.raises(ValueError, match="x-space KL needs equal shapes"):
-        VGRPOLoss(model, est, kl_coef=0.1)(bad)
+        VGRPOLoss(model, est, behaviour_kl_coef=0.1)(bad)
 
 
 def test_flow_grpo_shape_mismatches_do_not_broadcast(batches):
@@ -321,24 +321,24 @@ def test_nft_advantage_shape(batches):
 def test_loss_constructor_errors(make_model):
     model = make_model()
     est = ELBOSurrogate()
-    with pytest.raises(ValueError, match="clip_epsilon must be >= 0"):
-        VGRPOLoss(model, est, clip_epsilon=1.5)
-    with pytest.raises(ValueError, match="clip_epsilon must be >= 0"):
-        FlowGRPOLoss(model, clip_epsilon=(0.1, -0.1))
+    with pytest.raises(ValueError, match="clip_range must be >= 0"):
+        VGRPOLoss(model, est, clip_range=1.5)
+    with pytest.raises(ValueError, match="clip_range must be >= 0"):
+        FlowGRPOLoss(model, clip_range=(0.1, -0.1))
     with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
         VGRPOLoss(model, est, ref_model=model)
-    with pytest.raises(ValueError, match="needs both ref_model and kl_coef"):
-        FlowGRPOLoss(model, kl_coef=0.1)
-    with pytest.raises(ValueError, match="needs both ref_model and kl_coef"):
+    with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
+        FlowGRPOLoss(model, ref_kl_coef=0.1)
+    with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
         DiffusionNFTLoss(model, model, est, ref_model=model)
-    with pytest.raises(ValueError, match="strength and adv_max must be > 0"):
+    with pytest.raises(ValueError, match="strength and advantage_clip must be > 0"):
         DiffusionNFTLoss(model, model, est, strength=0.0)
     with pytest.raises(ValueError, match="noise_level must be > 0"):
         FlowGRPOLoss(model, noise_level=0.0)
     # A KL switched off (None) cannot be scheduled by assigning a float: torch names the buffer.
     loss = VGRPOLoss(model, est)
-    with pytest.raises(TypeError, match="kl_coef"):
-        loss.kl_coef = 0.1
+    with pytest.raises(TypeError, match="behaviour_kl_coef"):
+        loss.behaviour_kl_coef = 0.1
 
 
 def test_flow_grpo_unknown_reduction(batches):
@@ -374,7 +374,7 @@ def test_sampler_errors():
         with pytest.raises(ValueError, match="strictly decreasing sequence of at least 2 times in"):
             sample_euler(model, z, grid)
     with pytest.raises(ValueError, match="Unknown ODE solver 'rk4'; expected one of 'euler', 'heun', 'dpmpp_2m'"):
-        sample_ode(model, z, None, [1.0, 0.0], method="rk4")
+        sample_ode(model, z, [1.0, 0.0], method="rk4")
     with pytest.raises(ValueError, match="Unknown path 'edm'"):
         sample_dpmpp_2m(model, z, [1.0, 0.0], path="edm")
     with pytest.raises(ValueError, match=re.escape("sde_steps must be a non-empty subset of 0..1, got [5]")):
@@ -383,6 +383,25 @@ def test_sampler_errors():
         sample_sde(model, z, [1.0, 0.5, 0.0], sde_steps=[])
     with pytest.raises(ValueError, match="Unknown log-prob reduction 'max'"):
         sample_sde(model, z, [1.0, 0.5, 0.0], log_prob_reduction="max")
+
+
+@pytest.mark.parametrize("sampler", [sample_euler, sample_heun, sample_dpmpp_2m, sample_ode, sample_sde])
+def test_samplers_share_one_argument_order_and_name_a_misplaced_grid(sampler):
+    """Every sampler is (model, noise, grid, cond=None, ...): the old sample_ode order (cond before grid) puts a
+    tensor or None where the grid goes, which is refused naming the grid and the order, not a TypeError from
+    iterating None."""
+    model = lambda z, t, c: z  # noqa: E731
+    z, cond = torch.zeros(2, 2), torch.tensor([0, 1])
+    for misplaced in (cond, None, torch.tensor([1.0, 0.0])):
+        with pytest.raises(TypeError, match=re.escape("grid must be a sequence of Python floats (e.g. time_grid(10)), got ")
+                           + ".*" + re.escape("(model, noise, grid, cond=None, ...)")):
+            sampler(model, z, misplaced, [1.0, 0.0])
+    with pytest.raises(TypeError, match="grid must hold real numbers"):
+        sampler(model, z, [cond, cond])
+    with pytest.raises(TypeError, match="noise must be a torch.Tensor, got list"):
+        sampler(model, [1.0, 0.0], [1.0, 0.0])
+    out = sampler(model, z, [1.0, 0.0], cond)  # the right order works
+    assert (out[0] if isinstance(out, tuple) else out).shape == z.shape
 
 
 def test_sde_noise_level_zero_raises_instead_of_nan_log_probs():

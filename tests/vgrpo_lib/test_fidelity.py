@@ -181,9 +181,9 @@ def test_flow_grpo_loss_kl_and_diagnostics_match_official(transitions, perturb, 
     KL by the step length |dt|."""
     model, rows = transitions
     reference = perturb(model, scale=0.2)
-    rows["advantage"][0] = 9.0  # beyond adv_clip_max = 5
+    rows["advantage"][0] = 9.0  # beyond adv_clip_max = 5 (FlowGRPOLoss's advantage_clip, 5 by default)
     beta, clip_range = 0.04, 1e-4
-    out = FlowGRPOLoss(model, clip_epsilon=clip_range, ref_model=reference, kl_coef=beta, kl_form=kl_form)(rows)
+    out = FlowGRPOLoss(model, clip_range=clip_range, ref_model=reference, ref_kl_coef=beta, kl_form=kl_form)(rows)
     v = model(rows["z"], rows["t"], rows["cond"])
     with torch.no_grad():
         v_ref = reference(rows["z"], rows["t"], rows["cond"])
@@ -198,10 +198,10 @@ def test_flow_grpo_loss_kl_and_diagnostics_match_official(transitions, perturb, 
     assert 0 < official["clipfrac"].item() < 1  # the check is not vacuous
     per_row = ((mean - ref_mean) ** 2).mean(dim=1) / (2 * std_dev_t.flatten() ** 2)
     if kl_form == "flow_grpo":
-        torch.testing.assert_close(out["kl"], official["kl_loss"].detach())
-        torch.testing.assert_close(out["loss_objective"] + out["loss_kl"], official["loss"])
+        torch.testing.assert_close(out["ref_kl"], official["kl_loss"].detach())
+        torch.testing.assert_close(out["loss_objective"] + out["loss_ref_kl"], official["loss"])
     else:
-        torch.testing.assert_close(out["kl"], (per_row / (t - t_next)).mean().detach())
+        torch.testing.assert_close(out["ref_kl"], (per_row / (t - t_next)).mean().detach())
 
 
 def test_flow_grpo_cfg_training_detaches_the_unconditional_branch(make_model):
@@ -286,8 +286,8 @@ def test_nft_loss_matches_official(make_model, perturb, adv_mode, strength):
     estimator = ELBOSurrogate(num_pairs=1, timesteps=GridSubset(time_grid(10)[:-1]), sharing="none")
     pairs = estimator.sample_pairs(sample, generator=g)
     batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage, "pairs": pairs}, [7])
-    loss = DiffusionNFTLoss(model, old, estimator, strength=strength, adv_max=5.0, adv_mode=adv_mode,
-                            ref_model=reference, kl_coef=1e-4)
+    loss = DiffusionNFTLoss(model, old, estimator, strength=strength, advantage_clip=5.0, adv_mode=adv_mode,
+                            ref_model=reference, ref_kl_coef=1e-4)
     out = loss(batch)
     t, noise = pairs["t"][:, 0].to(F64), pairs["noise"][:, 0]
     xt = (1 - t.view(-1, 1, 1)) * sample + t.view(-1, 1, 1) * noise
@@ -297,8 +297,8 @@ def test_nft_loss_matches_official(make_model, perturb, adv_mode, strength):
     policy_loss, kl, total = official_nft_loss(sample, xt, t, old_prediction, forward, ref_prediction, advantage, 5.0,
                                                strength, 1e-4, adv_mode)
     torch.testing.assert_close(out["loss_objective"], policy_loss)
-    torch.testing.assert_close(out["kl"], kl.detach())
-    torch.testing.assert_close(out["loss_objective"] + out["loss_kl"], total)
+    torch.testing.assert_close(out["ref_kl"], kl.detach())
+    torch.testing.assert_close(out["loss_objective"] + out["loss_ref_kl"], total)
 
 
 def test_grid_subset_draws_distinct_grid_points_like_a_permutation():

@@ -64,7 +64,7 @@ def vgrpo_setup(make_model):
 
 def test_vgrpo_on_policy_ratio_exactly_one_and_no_clipping(vgrpo_setup):
     model, _, est, batch = vgrpo_setup
-    out = VGRPOLoss(model, est, clip_epsilon=1e-3)(batch)
+    out = VGRPOLoss(model, est, clip_range=1e-3)(batch)
     assert out["ratio_min"].item() == 1.0 and out["ratio_max"].item() == 1.0 and out["ratio_mean"].item() == 1.0
     assert out["clip_fraction"].item() == 0.0
     assert out["approx_kl_k3"].item() == 0.0 and out["approx_kl_sq"].item() == 0.0 and out["ess"].item() == 1.0
@@ -76,7 +76,7 @@ def test_vgrpo_on_policy_ratio_exactly_one_and_no_clipping(vgrpo_setup):
 def test_vgrpo_one_step_gradient_is_advantage_weighted_surrogate_gradient(vgrpo_setup, on_policy_flag):
     """grad L = -(1/N) sum_i A_i grad s_theta(o_i) at theta == theta_old, against torch.autograd on the surrogate."""
     model, _, est, batch = vgrpo_setup
-    loss = VGRPOLoss(model, est, clip_epsilon=0.01, on_policy=on_policy_flag)
+    loss = VGRPOLoss(model, est, clip_range=0.01, on_policy=on_policy_flag)
     model.zero_grad()
     loss(batch)["loss_objective"].backward()
     got = _grads(model)
@@ -103,7 +103,7 @@ def test_vgrpo_off_policy_gradient_matches_clipped_formula(vgrpo_setup, perturb)
     eps = 0.5 * float((rho - 1).abs().min())
     clipped = ((rho > 1 + eps) & (adv > 0)) | ((rho < 1 - eps) & (adv < 0))
     assert clipped.tolist() == [True] * 3 + [False] * 3
-    out = VGRPOLoss(model, est, clip_epsilon=eps)(batch)
+    out = VGRPOLoss(model, est, clip_range=eps)(batch)
     assert out["clip_fraction_active"].item() == pytest.approx(clipped.double().mean().item())
     assert out["clip_fraction"].item() == 1.0  # every ratio lies outside the range, whatever the advantage's sign
     torch.testing.assert_close(out["ratio_mean"], rho.mean())
@@ -117,25 +117,25 @@ def test_vgrpo_off_policy_gradient_matches_clipped_formula(vgrpo_setup, perturb)
 
 
 def test_vgrpo_kl_to_behaviour_policy_has_gradient(vgrpo_setup, perturb):
-    """kl_coef * mean_i mean_j ||x_hat_theta - x_hat_old||^2: 0 with zero gradient at theta == old; non-zero value
+    """behaviour_kl_coef * mean_i mean_j ||x_hat_theta - x_hat_old||^2: 0 with zero gradient at theta == old; non-zero value
     and gradient when theta != old, equal to the x-space distance recomputed here."""
     model, old_model, est, batch = vgrpo_setup
-    out = VGRPOLoss(model, est, kl_coef=0.3)(batch)
-    assert out["kl"].item() == 0.0
+    out = VGRPOLoss(model, est, behaviour_kl_coef=0.3)(batch)
+    assert out["behaviour_kl"].item() == 0.0
     model.zero_grad()
-    out["loss_kl"].backward()
+    out["loss_behaviour_kl"].backward()
     assert _grad_norm(model) == 0.0
 
     moved = perturb(old_model, scale=0.05)
-    loss = VGRPOLoss(moved, est, kl_coef=0.3)
+    loss = VGRPOLoss(moved, est, behaviour_kl_coef=0.3)
     out = loss(batch)
     expected = x_space_kl(est.evaluate(moved, batch["sample"], batch["cond"], batch["pairs"])["x_pred"], batch["old_x_pred"])
-    torch.testing.assert_close(out["kl"], expected.mean().detach())
-    torch.testing.assert_close(out["loss_kl"], 0.3 * expected.mean())
+    torch.testing.assert_close(out["behaviour_kl"], expected.mean().detach())
+    torch.testing.assert_close(out["loss_behaviour_kl"], 0.3 * expected.mean())
     moved.zero_grad()
-    out["loss_kl"].backward()
+    out["loss_behaviour_kl"].backward()
     assert _grad_norm(moved) > 0
-    assert "loss_kl" in loss.out_keys and "old_x_pred" in loss.in_keys
+    assert "loss_behaviour_kl" in loss.out_keys and "old_x_pred" in loss.in_keys
 
 
 def test_vgrpo_kl_to_reference_has_gradient_and_reference_stays_frozen(vgrpo_setup, perturb):
@@ -160,26 +160,31 @@ def test_vgrpo_kl_to_reference_has_gradient_and_reference_stays_frozen(vgrpo_set
 def test_vgrpo_diagnostics_detached_and_total_loss(vgrpo_setup, perturb):
     model = perturb(vgrpo_setup[1])
     _, _, est, batch = vgrpo_setup
-    out = VGRPOLoss(model, est, kl_coef=0.3)(batch)
+    out = VGRPOLoss(model, est, behaviour_kl_coef=0.3)(batch)
     for key, value in out.items():
         assert value.requires_grad == key.startswith("loss_"), key
-    torch.testing.assert_close(total_loss(out), out["loss_objective"] + out["loss_kl"])
+    torch.testing.assert_close(total_loss(out), out["loss_objective"] + out["loss_behaviour_kl"])
 
 
 def test_vgrpo_buffers_assignable_with_float(vgrpo_setup, perturb):
     _, old_model, est, batch = vgrpo_setup
     model = perturb(old_model)
-    loss = VGRPOLoss(model, est, clip_epsilon=0.02, kl_coef=0.3, ref_model=copy.deepcopy(old_model), ref_kl_coef=0.2)
+    loss = VGRPOLoss(model, est, clip_range=0.02, behaviour_kl_coef=0.3, ref_model=copy.deepcopy(old_model),
+                     ref_kl_coef=0.2)
     before = loss(batch)
-    loss.kl_coef = 0.1
+    loss.behaviour_kl_coef = 0.1
     loss.ref_kl_coef = 0.0
-    loss.clip_low = 0.5
-    loss.clip_high = 0.5
-    assert isinstance(loss.kl_coef, torch.Tensor) and loss.kl_coef.item() == pytest.approx(0.1)
-    assert "kl_coef" in dict(loss.named_buffers())
-    assert loss.state_dict()["clip_high"].item() == 0.5
+    loss.clip_range = (0.4, 0.6)
+    assert loss.clip_range.tolist() == pytest.approx([0.4, 0.6])
+    loss.clip_range = 0.5
+    assert isinstance(loss.behaviour_kl_coef, torch.Tensor) and loss.behaviour_kl_coef.item() == pytest.approx(0.1)
+    assert "behaviour_kl_coef" in dict(loss.named_buffers())
+    assert loss.state_dict()["clip_range"].tolist() == [0.5, 0.5]
+    with pytest.raises(ValueError, match="clip_range must be >= 0"):
+        loss.clip_range = (0.1, -0.1)
+    assert loss.clip_range.tolist() == [0.5, 0.5], "a refused assignment leaves the buffer as it was"
     after = loss(batch)
-    torch.testing.assert_close(after["loss_kl"], 0.1 * before["kl"])
+    torch.testing.assert_close(after["loss_behaviour_kl"], 0.1 * before["behaviour_kl"])
     assert after["loss_ref_kl"].item() == 0.0
     assert after["clip_fraction"].item() == 0.0  # the perturbation is far inside a 0.5 clip range
 
@@ -187,7 +192,7 @@ def test_vgrpo_buffers_assignable_with_float(vgrpo_setup, perturb):
 def test_vgrpo_set_keys_round_trip(vgrpo_setup, perturb):
     _, old_model, est, batch = vgrpo_setup
     model = perturb(old_model)
-    loss = VGRPOLoss(model, est, kl_coef=0.3)
+    loss = VGRPOLoss(model, est, behaviour_kl_coef=0.3)
     reference = loss(batch)
     renamed = batch.clone(False)
     names = {
@@ -252,6 +257,23 @@ def _recompute_log_prob(model, traj, reduction="mean", noise_level=0.7):
         return gaussian_log_prob(flat["z_next"], mean, std, reduction)
 
 
+def test_flow_grpo_advantage_clip_in_the_loss_equals_clipping_the_advantages_first(flow_setup, perturb):
+    """The trainer hard-clips with advantage.clip (GroupAdvantage) and builds the loss with advantage_clip=None;
+    the official layout clips inside the loss. Both give the same loss and gradient, bit for bit."""
+    model, traj = flow_setup
+    model = perturb(model)
+    traj["advantage"] = traj["advantage"] * 4.0  # [4, -4, 12, -2]: one sample beyond the clip
+    clipped = traj.clone()
+    clipped["advantage"] = traj["advantage"].clamp(-5.0, 5.0)
+    inside = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=5.0)(traj)
+    (grad_inside,) = torch.autograd.grad(inside["loss_objective"], [next(model.parameters())])
+    before = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=None)(clipped)
+    (grad_before,) = torch.autograd.grad(before["loss_objective"], [next(model.parameters())])
+    assert torch.equal(inside["loss_objective"], before["loss_objective"]) and torch.equal(grad_inside, grad_before)
+    unclipped = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=None)(traj)
+    assert not torch.equal(unclipped["loss_objective"], inside["loss_objective"]), "the clip must matter here"
+
+
 def test_flow_grpo_on_policy_ratio_exactly_one(flow_setup):
     model, traj = flow_setup
     out = FlowGRPOLoss(model)(traj)
@@ -282,26 +304,26 @@ def test_flow_grpo_kl_to_reference(flow_setup, perturb, reduction):
     model, traj = flow_setup
     traj["old_log_prob"] = _recompute_log_prob(model, traj, reduction).view(4, 5)
     ref = perturb(model, scale=0.1)
-    loss = FlowGRPOLoss(model, ref_model=ref, kl_coef=0.04, log_prob_reduction=reduction)
+    loss = FlowGRPOLoss(model, ref_model=ref, ref_kl_coef=0.04, log_prob_reduction=reduction)
     out = loss(traj)
     flat = traj.reshape(-1)
     with torch.no_grad():
         mean, std = sde_step_mean_std(flat["z"], model(flat["z"], flat["t"], flat["cond"]), flat["t"], flat["t_next"], 0.7)
         ref_mean, _ = sde_step_mean_std(flat["z"], ref(flat["z"], flat["t"], flat["cond"]), flat["t"], flat["t_next"], 0.7)
     expected = gaussian_kl_same_std(mean, ref_mean, std, reduction).mean()
-    torch.testing.assert_close(out["kl"], expected)
+    torch.testing.assert_close(out["ref_kl"], expected)
     assert out["ratio_max"].item() == 1.0
     model.zero_grad()
-    out["loss_kl"].backward()
+    out["loss_ref_kl"].backward()
     assert _grad_norm(model) > 0
     assert all(p.grad is None for p in ref.parameters())
-    loss.kl_coef = 0.5
-    torch.testing.assert_close(loss(traj)["loss_kl"], 0.5 * expected)
+    loss.ref_kl_coef = 0.5
+    torch.testing.assert_close(loss(traj)["loss_ref_kl"], 0.5 * expected)
 
 
 def test_flow_grpo_set_keys_round_trip(flow_setup, perturb):
     model, traj = flow_setup
-    loss = FlowGRPOLoss(perturb(model), clip_epsilon=0.2)
+    loss = FlowGRPOLoss(perturb(model), clip_range=0.2)
     reference = loss(traj)
     assert reference["ratio_max"].item() != 1.0
     names = {"z": "x_t", "z_next": "x_next", "t": "sigma", "t_next": "sigma_next", "cond": "emb", "advantage": "adv", "old_log_prob": "lp"}
@@ -390,18 +412,18 @@ def test_nft_kl_to_reference_has_gradient(nft_setup, perturb):
     """kl = mean ||v_theta - v_ref||^2 (velocity MSE): recomputed here; non-zero gradient when theta != ref."""
     model, est, batch = nft_setup
     ref = perturb(model, scale=0.1)
-    loss = DiffusionNFTLoss(model, copy.deepcopy(model), est, ref_model=ref, kl_coef=1e-4)
+    loss = DiffusionNFTLoss(model, copy.deepcopy(model), est, ref_model=ref, ref_kl_coef=1e-4)
     out = loss(batch)
     inputs = est.noised(batch["sample"], batch["cond"], batch["pairs"])
     with torch.no_grad():
         expected = (est.predict(model, inputs) - est.predict(ref, inputs)).square().mean()
-    torch.testing.assert_close(out["kl"], expected)
+    torch.testing.assert_close(out["ref_kl"], expected)
     model.zero_grad()
-    out["loss_kl"].backward()
+    out["loss_ref_kl"].backward()
     assert _grad_norm(model) > 0
     assert all(p.grad is None for p in ref.parameters())
-    loss.kl_coef = 0.1
-    torch.testing.assert_close(loss(batch)["loss_kl"], 0.1 * expected)
+    loss.ref_kl_coef = 0.1
+    torch.testing.assert_close(loss(batch)["loss_ref_kl"], 0.1 * expected)
 
 
 def test_nft_set_keys_round_trip(nft_setup, perturb):

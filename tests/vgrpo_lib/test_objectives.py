@@ -32,27 +32,31 @@ def test_clipped_objective_hand_computed():
     ratio 1.1 (inside), A = 2: -2.2."""
     ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1], dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0], dtype=torch.float64)
-    loss = clipped_ratio_objective(torch.log(ratio), adv, 0.2, 0.2)
+    loss = clipped_ratio_objective(torch.log(ratio), adv, 0.2)
     torch.testing.assert_close(loss, torch.tensor([-1.2, 1.5, -0.5, 0.8, -2.2], dtype=torch.float64))
     # Active clips remove a gradient (1.5 with A > 0, 0.5 with A < 0); every ratio outside [0.8, 1.2] counts in
     # the official both-sides clip fraction.
-    assert clip_fraction_active(torch.log(ratio), adv, 0.2, 0.2).item() == pytest.approx(2 / 5)
-    assert clip_fraction(torch.log(ratio), 0.2, 0.2).item() == pytest.approx(4 / 5)
+    assert clip_fraction_active(torch.log(ratio), adv, 0.2).item() == pytest.approx(2 / 5)
+    assert clip_fraction(torch.log(ratio), 0.2).item() == pytest.approx(4 / 5)
 
 
 def test_clipped_objective_asymmetric_and_gradient_zero_where_clipped():
-    """clip_low = 0.1, clip_high = 0.3: ratio 1.25 with A > 0 is inside (gradient A * ratio), 1.35 is clipped
+    """clip_range = (0.1, 0.3): ratio 1.25 with A > 0 is inside (gradient A * ratio), 1.35 is clipped
     (gradient 0); ratio 0.85 with A < 0 is clipped (below 0.9), 0.95 is inside."""
     ratio = torch.tensor([1.25, 1.35, 0.85, 0.95], dtype=torch.float64)
     adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
     log_ratio = torch.log(ratio).requires_grad_(True)
-    loss = clipped_ratio_objective(log_ratio, adv, 0.1, 0.3)
+    loss = clipped_ratio_objective(log_ratio, adv, (0.1, 0.3))
     torch.testing.assert_close(loss.detach(), torch.tensor([-1.25, -1.3, 0.9, 0.95], dtype=torch.float64))
     (grad,) = torch.autograd.grad(loss.sum(), log_ratio)
     # d/dlogr (-rho A) = -rho A where unclipped, 0 where clipped
     torch.testing.assert_close(grad, torch.tensor([-1.25, 0.0, 0.0, 0.95], dtype=torch.float64))
-    assert clip_fraction_active(log_ratio, adv, 0.1, 0.3).item() == 0.5
-    assert clip_fraction(log_ratio, 0.1, 0.3).item() == 0.5
+    assert clip_fraction_active(log_ratio, adv, (0.1, 0.3)).item() == 0.5
+    assert clip_fraction(log_ratio, (0.1, 0.3)).item() == 0.5
+    # The same pair as a tensor [2] (a loss module's buffer) gives the same values.
+    pair = torch.tensor([0.1, 0.3], dtype=torch.float64)
+    torch.testing.assert_close(clipped_ratio_objective(log_ratio, adv, pair), loss)
+    assert clip_fraction_active(log_ratio, adv, pair).item() == 0.5 and clip_fraction(log_ratio, pair).item() == 0.5
 
 
 @FAST
@@ -61,12 +65,12 @@ def test_on_policy_value_and_reinforce_gradient(adv, eps):
     """log_ratio == 0: value -A, gradient -A (REINFORCE), nothing clipped."""
     a = torch.tensor(adv, dtype=torch.float64)
     log_ratio = torch.zeros_like(a, requires_grad=True)
-    loss = clipped_ratio_objective(log_ratio, a, eps, eps)
+    loss = clipped_ratio_objective(log_ratio, a, eps)
     torch.testing.assert_close(loss.detach(), -a)
     (grad,) = torch.autograd.grad(loss.sum(), log_ratio)
     torch.testing.assert_close(grad, -a)
-    assert clip_fraction_active(log_ratio, a, eps, eps).item() == 0.0
-    assert clip_fraction(log_ratio, eps, eps).item() == 0.0
+    assert clip_fraction_active(log_ratio, a, eps).item() == 0.0
+    assert clip_fraction(log_ratio, eps).item() == 0.0
 
 
 @FAST
@@ -175,6 +179,15 @@ def test_nft_optimality():
     """r = clip(clip(A, -5, 5) / 10 + 1/2, 0, 1): A = 0 -> 1/2; 5 -> 1; -5 -> 0; 2.5 -> 0.75; 100 -> 1."""
     adv = torch.tensor([0.0, 5.0, -5.0, 2.5, 100.0, -100.0])
     assert nft_optimality(adv, 5.0).tolist() == [0.5, 1.0, 0.0, 0.75, 1.0, 0.0]
+
+
+@FAST
+@given(adv=st.lists(st.floats(-50, 50), min_size=1, max_size=16), amax=st.floats(0.1, 10.0))
+def test_advantage_clip_before_the_loss_changes_nothing(adv, amax):
+    """advantage.clip is applied by GroupAdvantage before the losses see the advantages. DiffusionNFT's optimality
+    clamps to the same Amax first: clamping twice is clamping once, so its results stay bit for bit."""
+    a = torch.tensor(adv, dtype=torch.float64)
+    assert torch.equal(nft_optimality(a.clamp(-amax, amax), amax), nft_optimality(a, amax))
 
 
 @FAST

@@ -181,7 +181,7 @@ def test_guard_loss_matches_flow_factory_off_policy(make_model, perturb):
     old = make_model(data_shape=(D,), cond_dim=C, dtype=torch.float64)
     traj = _rollout(old, "flow_sde", 0.7)
     model = perturb(old, scale=0.2)
-    out = GRPOGuardLoss(model, clip_epsilon=1e-3)(traj)
+    out = GRPOGuardLoss(model, clip_range=1e-3)(traj)
     flat = traj.reshape(-1)
     mean, std = step_mean_std("flow_sde")(flat["z"], model(flat["z"], flat["t"], flat["cond"]), flat["t"], flat["t_next"], 0.7)
     log_prob = gaussian_log_prob(flat["z_next"], mean, std)

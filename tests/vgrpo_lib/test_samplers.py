@@ -114,9 +114,9 @@ def test_sample_ode_dispatch_and_callback():
     z = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     grid = time_grid(5, t_max=0.98, t_min=0.02)
     for name, solver in (("euler", sample_euler), ("heun", sample_heun), ("dpmpp_2m", sample_dpmpp_2m)):
-        assert torch.equal(sample_ode(gaussian_velocity, z, None, grid, method=name), solver(gaussian_velocity, z, grid))
+        assert torch.equal(sample_ode(gaussian_velocity, z, grid, method=name), solver(gaussian_velocity, z, grid))
     seen = []
-    sample_ode(gaussian_velocity, z, None, grid, method="heun", callback=seen.append)
+    sample_ode(gaussian_velocity, z, grid, method="heun", callback=seen.append)
     assert [info["i"] for info in seen] == list(range(5))
     assert [info["t"] for info in seen] == grid[:-1] and [info["t_next"] for info in seen] == grid[1:]
     assert nfe_per_sample("heun", 10) == 20 and nfe_per_sample("euler", 10) == 10 and nfe_per_sample("dpmpp_2m", 7) == 7
