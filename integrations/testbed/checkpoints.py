@@ -25,7 +25,9 @@ from integrations.testbed.models import build_model
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 POLICY_NAMES = ("digit_policy", "pair_policy", "digits8_policy")
-FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge")
+DETECTOR_NAMES = ("digit_detector", "digit_detector_judge")
+"""GenEval-on-digits detectors, written by ``python -m integrations.testbed.geneval_digits.train_detector``."""
+FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge") + DETECTOR_NAMES
 CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
 
 
@@ -49,8 +51,9 @@ def read_card(name: str, directory: Path = CHECKPOINT_DIR) -> dict:
     _check_name(name)
     path = Path(directory) / f"{name}.json"
     if not path.exists():
+        script = "geneval_digits.train_detector" if name in DETECTOR_NAMES else "pretrain"
         raise FileNotFoundError(
-            f"checkpoint {name!r} is missing ({path}); build it with `python -m integrations.testbed.pretrain {name}`"
+            f"checkpoint {name!r} is missing ({path}); build it with `python -m integrations.testbed.{script} {name}`"
         )
     with open(path) as fh:
         return json.load(fh)

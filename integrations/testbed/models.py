@@ -14,6 +14,7 @@ Every model stores its constructor arguments in ``.config`` (JSON-serialisable) 
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -195,9 +196,17 @@ MODEL_KINDS: dict[str, type[nn.Module]] = {
 }
 
 
+_MODULE_OF_KIND = {"DigitDetector": "integrations.testbed.geneval_digits.detector"}
+"""Kinds defined outside this module, imported on first use (they import the testbed themselves)."""
+
+
 def build_model(kind: str, config: dict) -> nn.Module:
     """Rebuild a testbed model from its class name and ``.config`` dict (as stored in checkpoints)."""
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"unknown model kind {kind!r}; valid kinds: {', '.join(MODEL_KINDS)}")
+    if kind in _MODULE_OF_KIND:
+        cls = getattr(importlib.import_module(_MODULE_OF_KIND[kind]), kind)
+    elif kind in MODEL_KINDS:
+        cls = MODEL_KINDS[kind]
+    else:
+        raise ValueError(f"unknown model kind {kind!r}; valid kinds: {', '.join([*MODEL_KINDS, *_MODULE_OF_KIND])}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-    return MODEL_KINDS[kind](**kwargs)
+    return cls(**kwargs)

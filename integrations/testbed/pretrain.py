@@ -7,7 +7,8 @@ Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safet
 ``checkpoints/NAME.json`` (see :mod:`integrations.testbed.checkpoints`). Classifiers come before
 policies because a policy's model card reports the label accuracy of its samples as judged by the
 classifier and the judge. ``all`` trains everything (about 5 minutes on 2 shared CPU cores, most
-of it the CNN classifier; the runs are bitwise reproducible on one machine).
+of it the CNN classifier; the runs are bitwise reproducible on one machine). The GenEval digit
+detectors are written by ``python -m integrations.testbed.geneval_digits.train_detector``.
 
 The policies are pretrained with the core library's own loss (``vgrpo_lib.elbo.ELBOSurrogate``
 with ``weighting="v"``: minus the flow-matching loss on the velocity that the x-predicting MLP
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from integrations.testbed.checkpoints import CHECKPOINT_NAMES, save_checkpoint
+from integrations.testbed.checkpoints import save_checkpoint
 from integrations.testbed.data import load_digits8, load_mnist, make_pairs, to_model_space
 from integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP
 from integrations.testbed.sampling import sample_images
@@ -242,7 +243,9 @@ def pretrain_policy(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", choices=[*CHECKPOINT_NAMES, "all"])
+    parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all"],
+                        help="the GenEval digit detectors have their own script: "
+                             "python -m integrations.testbed.geneval_digits.train_detector")
     args = parser.parse_args(argv)
     torch.set_num_threads(NUM_THREADS)
     names = [*CLASSIFIER_RECIPES, *POLICY_RECIPES] if "all" in args.names else args.names

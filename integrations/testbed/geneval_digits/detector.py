@@ -4,11 +4,13 @@
 softmax head: a CNN maps a canvas (B, 3, 64, 64) in [0, 1] to a stride-4 grid (16 x 16 cells); each
 cell predicts 11 logits (background + the ten digits), the sub-cell offset of an object centre and
 the log box size. Training (see `train_detector`): the cell holding an object's centre is that
-object's class, its 8 neighbours are ignored, every other cell is background, one unweighted
-cross-entropy, so a peak's softmax probability is a calibrated confidence (GenEval's 0.3 / 0.9
-thresholds then mean what they say). Decoding (`detect`) keeps the cells whose object probability
-(1 - p(background)) is a 3 x 3 local maximum above `min_score`, with the top digit and its
-probability as label and score, the box from the regressed centre and size.
+object's class, its 8 neighbours are ignored, every other cell is background; the cross-entropies
+of the centre cells and of the background cells are averaged separately and added (a plain mean
+is swamped by the ~250 background cells per canvas: trained so, the detector scored nothing above
+0.3). A peak's score is its softmax probability, the confidence GenEval's 0.3 / 0.9 thresholds
+read. Decoding (`decode`) keeps the cells whose object probability (1 - p(background)) is a 3 x 3
+local maximum above `min_score`, with the top digit and its probability as label and score, the
+box from the regressed centre and size.
 
 Colour (`crop_colors`) is classified from each object's crop, as GenEval does; GenEval runs CLIP
 zero-shot on the crop masked to the object's segment, which needs downloaded weights. The
