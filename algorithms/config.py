@@ -162,6 +162,7 @@ class ModelConfig:
     max_sequence_length: int | None = None  # T5 tokens per prompt (None: 256 SD3 / 512 FLUX; 0 without T5)
     gradient_checkpointing: bool | None = None  # None: on with CUDA
     batch_size: int = 8  # samples per evaluation forward, VAE decode and text-encoder call
+    without_t5: bool = False  # SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros
 
 
 @dataclass

@@ -134,7 +134,7 @@ PAPER = {
 PIPELINES = {
     "mnist-sd3": {
         "common": [
-            "task=mnist-sd3/digit", "model.dtype=float32", "model.max_sequence_length=0", "model.lora_rank=8", "model.lora_alpha=16",
+            "task=mnist-sd3/digit", "model.dtype=float32", "model.without_t5=true", "model.max_sequence_length=0", "model.lora_rank=8", "model.lora_alpha=16",
             "model.batch_size=128", "rollout.num_steps=10", "eval.num_steps=20", "eval.every=5", "eval.per_prompt=8",
             "prompts_per_iteration=8", "group_size=8", "iterations=40", "checkpoint_every=5",
         ],

@@ -81,6 +81,7 @@ def absent_components(path: str) -> dict[str, None]:
 def load_policy(name_or_path: str, family: str, device: str | torch.device | None = None,
                 dtype: torch.dtype = torch.bfloat16, lora_rank: int | None = 32, lora_alpha: int = 64,
                 behaviour_adapter: bool = True, autocast: bool = True, local_files_only: bool | None = None,
+                without_t5: bool = False,
                 **adapter_kwargs) -> DiffusersPolicy:
     """Load a diffusers pipeline by hub name or local path and wrap its transformer.
 
@@ -95,6 +96,8 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
         behaviour_adapter: also add the frozen "old" adapter for the behaviour policy.
         autocast: run the transformer under bf16 autocast.
         local_files_only: None: only when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set.
+        without_t5: SD3 only: load without the T5 encoder (``text_encoder_3=None``, the memory saving diffusers
+            documents for SD3); its part of the prompt embedding is then ``max_sequence_length`` zero tokens.
         adapter_kwargs: passed to the adapter (e.g. FLUX `guidance_scale`).
     """
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
@@ -104,6 +107,10 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
     pipeline_class = StableDiffusion3Pipeline if family == "sd3" else FluxPipeline
     local = resolve_local_files_only(local_files_only)
     absent = absent_components(name_or_path)
+    if without_t5:
+        if family != "sd3":
+            raise ValueError(f"without_t5 applies to SD3 pipelines (T5 is FLUX's main text encoder); family {family!r}")
+        absent.update(text_encoder_3=None, tokenizer_3=None)
     pipe = load_weights(lambda: pipeline_class.from_pretrained(name_or_path, torch_dtype=dtype, local_files_only=local,
                                                                **absent),
                         name_or_path, f"the {family.upper()} policy")

@@ -403,8 +403,8 @@ def weights_location(name_or_path: str) -> str | None:
 def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=None, reward=None,
              image_size: int | tuple[int, int] | None = None, lora_rank: int = 32, lora_alpha: int = 64,
              device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
-             gradient_checkpointing: bool | None = None, batch_size: int = 8, metrics: Callable | None = None,
-             label: Callable | None = None) -> DiffusersTask:
+             gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
+             metrics: Callable | None = None, label: Callable | None = None) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
 
@@ -412,7 +412,9 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
     GPU, the CPU without CUDA. ``gradient_checkpointing``: default on with CUDA. ``image_size``: default the
-    model's (512 SD3.5-M, 720 FLUX.1-dev). The other arguments are :class:`DiffusersTask`'s.
+    model's (512 SD3.5-M, 720 FLUX.1-dev). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
+    zero tokens instead, see :func:`integrations.diffusers_adapters.presets.load_policy`). The other arguments are
+    :class:`DiffusersTask`'s.
 
     Raises ``RuntimeError`` saying what is missing when the pipeline is neither at ``path`` nor in the Hugging
     Face cache, or when no prompt file is given.
@@ -433,7 +435,7 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     cuda = torch.cuda.is_available()
     device = torch.device(device or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
     base = load_policy(location, spec.family, device=device, dtype=getattr(torch, dtype), lora_rank=None,
-                       autocast=device.type == "cuda", local_files_only=True)
+                       autocast=device.type == "cuda", local_files_only=True, without_t5=without_t5)
     return DiffusersTask(
         base,
         prompts,

@@ -22,7 +22,7 @@ from integrations.diffusers_adapters.task import HUB_MODELS, DiffusersTask, LoRA
 from integrations.testbed.data import load_mnist  # noqa: E402
 from integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
 from integrations.testbed.mnist_sd3 import render  # noqa: E402
-from integrations.testbed.mnist_sd3.build import PIPELINE_DIR, build_pipeline  # noqa: E402
+from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
 from integrations.testbed.mnist_sd3_tasks import digit_metrics, number_judge, number_slots  # noqa: E402
 
 # A short run: 4 prompts x 4 images, 4 rollout steps, 2 pairs; a small evaluation.
@@ -79,7 +79,7 @@ def test_the_preset_builds_the_digit_task_through_the_hub_path(digit_task):
     g = torch.Generator().manual_seed(0)
     x, t = torch.randn((3, *task.sample_shape), generator=g), torch.rand(3, generator=g)
     cond = task.condition(task.prompts[:3])
-    assert cond["prompt_embeds"].shape[1] > 0  # the CLIP tokens (the pipeline has no T5)
+    assert task.base.pipe.text_encoder_3 is None and cond["prompt_embeds"].shape[1] == CLIP_LENGTH  # no T5 tokens
     with torch.no_grad():
         torch.testing.assert_close(reference(x, t, cond), fresh(x, t, cond), rtol=0, atol=0)
         assert not torch.allclose(policy(x, t, cond), fresh(x, t, cond))
