@@ -2,6 +2,7 @@
 
     python -m integrations.testbed.pretrain {digit_policy,pair_policy,digits8_policy,
                                              classifier,judge,digits8_classifier,digits8_judge,all} ...
+    python -m integrations.testbed.pretrain mnist_sd3
 
 Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safetensors`` and
 ``checkpoints/NAME.json`` (see :mod:`integrations.testbed.checkpoints`). Classifiers come before
@@ -9,6 +10,10 @@ policies because a policy's model card reports the label accuracy of its samples
 classifier and the judge. ``all`` trains everything (about 5 minutes on 2 shared CPU cores, most
 of it the CNN classifier; the runs are bitwise reproducible on one machine). The GenEval digit
 detectors are written by ``python -m integrations.testbed.geneval_digits.train_detector``.
+
+``mnist_sd3`` (not part of ``all``) trains the MNIST-SD3 ``StableDiffusion3Pipeline`` and writes the folder
+``checkpoints/mnist_sd3/`` with its model card (:mod:`integrations.testbed.mnist_sd3.train`; about 45 minutes,
+one torch thread, after ``classifier``, whose readings the card reports).
 
 The policies are pretrained with the core library's own loss (``vgrpo_lib.elbo.ELBOSurrogate``
 with ``weighting="v"``: minus the flow-matching loss on the velocity that the x-predicting MLP
@@ -243,10 +248,21 @@ def pretrain_policy(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all"],
+    parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all", "mnist_sd3"],
                         help="the GenEval digit detectors have their own script: "
                              "python -m integrations.testbed.geneval_digits.train_detector")
     args = parser.parse_args(argv)
+    if "mnist_sd3" in args.names:
+        from integrations.testbed.mnist_sd3.train import pretrain_mnist_sd3
+
+        # One thread: its step time is stable on a shared machine, where two threads of one process
+        # waiting for each other ran 10x slower; and a fixed thread count keeps the run bitwise reproducible.
+        torch.set_num_threads(1)
+        card = pretrain_mnist_sd3(log=lambda line: print(line, flush=True))
+        print(f"mnist_sd3: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
+        args.names = [n for n in args.names if n != "mnist_sd3"]
+        if not args.names:
+            return
     torch.set_num_threads(NUM_THREADS)
     names = [*CLASSIFIER_RECIPES, *POLICY_RECIPES] if "all" in args.names else args.names
     names = sorted(names, key=lambda n: n in POLICY_RECIPES)  # classifiers first: policy cards use them

@@ -182,3 +182,95 @@ def test_build_is_deterministic_in_the_seed():
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         for (k, x), (_, y) in zip(getattr(a, name).state_dict().items(), getattr(b, name).state_dict().items()):
             assert torch.equal(x, y), (name, k)
+
+
+# ---------------------------------------------------------------- training-only pieces
+def test_one_token_with_multiplicity_m_equals_m_identical_zero_tokens():
+    """The T5 zero tokens that the pipeline appends without T5: m copies == one copy counted m times."""
+    from diffusers import SD3Transformer2DModel
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    from integrations.testbed.mnist_sd3.train import MultiplicityAttnProcessor
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(sample_size=4, patch_size=2, in_channels=4, out_channels=4, num_layers=3,
+                                  attention_head_dim=8, num_attention_heads=2, joint_attention_dim=12,
+                                  caption_projection_dim=16, pooled_projection_dim=6, pos_embed_max_size=4).double()
+    x, clip = torch.randn(2, 4, 4, 4, dtype=torch.float64), torch.randn(2, 5, 12, dtype=torch.float64)
+    pooled, t = torch.randn(2, 6, dtype=torch.float64), torch.tensor([100.0, 800.0], dtype=torch.float64)
+    m = 37
+    model.set_attn_processor(JointAttnProcessor2_0())
+    copies = torch.cat([clip, torch.zeros(2, m, 12, dtype=torch.float64)], 1)
+    expected = model(hidden_states=x, timestep=t, encoder_hidden_states=copies, pooled_projections=pooled).sample
+    processor = MultiplicityAttnProcessor()
+    model.set_attn_processor(processor)
+    processor.multiplicity = torch.tensor([1.0] * 5 + [float(m)])
+    one = torch.cat([clip, torch.zeros(2, 1, 12, dtype=torch.float64)], 1)
+    got = model(hidden_states=x, timestep=t, encoder_hidden_states=one, pooled_projections=pooled).sample
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    processor.multiplicity = torch.ones(5)  # multiplicity one everywhere: the plain processor
+    got = model(hidden_states=x, timestep=t, encoder_hidden_states=clip, pooled_projections=pooled).sample
+    model.set_attn_processor(JointAttnProcessor2_0())
+    plain = model(hidden_states=x, timestep=t, encoder_hidden_states=clip, pooled_projections=pooled).sample
+    torch.testing.assert_close(got, plain, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(expected, plain)  # the zero tokens do matter
+
+
+# ---------------------------------------------------------------- the shipped pipeline
+@pytest.fixture(scope="module")
+def shipped():
+    from diffusers import StableDiffusion3Pipeline
+
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+
+    # SD3 without T5 loads as diffusers documents it: text_encoder_3=None, tokenizer_3=None
+    return StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None,
+                                                    torch_dtype=torch.float32)
+
+
+def test_shipped_pipeline_loads_in_float32_with_the_real_classes(shipped):
+    assert type(shipped).__name__ == "StableDiffusion3Pipeline"
+    assert type(shipped.transformer).__name__ == "SD3Transformer2DModel"
+    assert type(shipped.vae).__name__ == "AutoencoderKL"
+    assert type(shipped.text_encoder).__name__ == type(shipped.text_encoder_2).__name__ == "CLIPTextModelWithProjection"
+    assert shipped.text_encoder_3 is None
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        assert all(p.dtype == torch.float32 for p in getattr(shipped, name).parameters()), name
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+
+    size = sum(f.stat().st_size for f in PIPELINE_DIR.rglob("*") if f.is_file())
+    assert size <= 15e6
+
+
+def test_encode_prompt_separates_prompts_and_is_deterministic(shipped):
+    prompts = [p for p, _ in P.digit_prompts("eval")] + [p for p, _ in P.number_prompts("eval")[:30]] + [""]
+    embeds, _, pooled, _ = shipped.encode_prompt(prompts, None, None, do_classifier_free_guidance=False,
+                                                 max_sequence_length=0)
+    again, _, pooled_again, _ = shipped.encode_prompt(prompts, None, None, do_classifier_free_guidance=False,
+                                                      max_sequence_length=0)
+    assert torch.equal(embeds, again) and torch.equal(pooled, pooled_again)
+    # every pair of different prompts gets a pooled embedding at least 1% of the typical norm apart
+    distances = torch.cdist(pooled, pooled)
+    off_diagonal = distances[~torch.eye(len(prompts), dtype=torch.bool)]
+    assert off_diagonal.min() > 0.01 * pooled.norm(dim=-1).median()
+
+
+def test_vae_round_trip_keeps_the_classifier_accuracy(shipped):
+    """Tolerance: on 300 held-out digits the classifier reads reconstructions at >= 95% of its accuracy on originals."""
+    from integrations.testbed.checkpoints import load_pretrained
+    from integrations.testbed.mnist_sd3.train import round_trip_accuracy
+
+    digits, labels = load_mnist("eval")
+    result = round_trip_accuracy(shipped.vae, load_pretrained("classifier"), digits[::5][:300], labels[::5][:300], None)
+    assert result["original_accuracy"] > 0.95
+    assert result["ratio"] >= 0.95
+
+
+def test_plain_pipeline_call_returns_images_of_the_requested_size(shipped):
+    generator = torch.Generator().manual_seed(0)
+    wide = shipped("the number 42", height=32, width=96, num_inference_steps=3, guidance_scale=4.0,
+                   generator=generator).images[0]
+    assert wide.size == (96, 32)
+    square = shipped("a handwritten seven", num_inference_steps=3, guidance_scale=1.0,
+                     generator=torch.Generator().manual_seed(0), output_type="pt").images
+    assert square.shape == (1, 3, 32, 32) and 0 <= square.min() and square.max() <= 1

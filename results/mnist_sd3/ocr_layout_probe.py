@@ -1,0 +1,27 @@
+import time, torch, torch.nn.functional as F
+from integrations.testbed.data import load_mnist
+import integrations.testbed.mnist_sd3.render as R
+from integrations.testbed.mnist_sd3.prompts import number_prompts
+from integrations.rewards.simple import to_uint8_hwc
+from rapidocr_onnxruntime import RapidOCR
+torch.set_num_threads(1)
+imgs, labels = load_mnist("eval")
+nums = [n for _, n in number_prompts("eval")][:60]
+eng = RapidOCR()
+def rec(view):
+    out=[]
+    for a in to_uint8_hwc(view):
+        res, _ = eng(a, use_det=False, use_cls=False, use_rec=True)
+        out.append(res[0][0] if res else "")
+    return out
+def acc(view):
+    texts = rec(view); return sum(a.replace(" ","")==b for a,b in zip(texts,nums))/len(nums)
+for stride in (20, 24, 28):
+    R.NUMBER_STRIDE = stride
+    x = R.render_numbers(imgs, labels, nums, torch.Generator().manual_seed(0))
+    g = R.grey(x)
+    thick = F.max_pool2d(g, 3, 1, 1)
+    thick2 = F.max_pool2d(g, (3,2), 1, (1,0))[..., :96] if False else F.max_pool2d(F.pad(g,(0,1,1,1)), (3,2), 1)
+    binar = (g > 0.3).float()
+    for name, v in [("inv", 1-g), ("thick", 1-thick), ("bin", 1-binar), ("thickbin", 1-(thick>0.3).float()), ("blur", 1-F.avg_pool2d(thick,3,1,1))]:
+        print(stride, name, acc(v.expand(-1,3,-1,-1)), flush=True)
