@@ -930,7 +930,7 @@ INT_RULES = {  # key -> out-of-range values
     "flow_grpo.window_size": ["0", "1000"], "flow_grpo.window_shift_interval": ["0"],
     "optim.minibatches": ["0"], "optim.ema_every": ["0"], "diffusion_nft.decay_flat": ["-1"],
     "eval.every": ["-1"], "eval.per_prompt": ["0"], "eval.num_steps": ["0"],
-    "model.lora_rank": ["0"], "model.lora_alpha": ["-8"], "model.max_sequence_length": ["0"], "model.batch_size": ["0"],
+    "model.lora_rank": ["0"], "model.lora_alpha": ["-8"], "model.max_sequence_length": ["-1"], "model.batch_size": ["0"],
 }
 STR_RULES = {"model.image_size": ["100", "0", "512x", "16x-16", "axb", "1x2x3"]}  # key -> malformed values
 RULES = {**FLOAT_RULES, **INT_RULES, **STR_RULES}
