@@ -25,6 +25,9 @@ from vgrpo_lib.timesteps import DiscreteGrid
 
 
 class AWM(Algorithm):
+    """AWM from ``config.awm``: an ODE rollout and :class:`AWMLoss` on fresh pairs each step, with its soft-updated
+    copy (see the module docstring)."""
+
     name = "awm"
 
     def __init__(self, config, policies, sample_shape, grid):

@@ -81,6 +81,7 @@ class Algorithm:
         return batch
 
     def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
+        """The loss module's output on ``minibatch`` (rows of :meth:`prepare`): ``loss_*`` and diagnostics."""
         return self.loss_module(minibatch)
 
     def loss_on_fresh_pairs(self, estimator, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:

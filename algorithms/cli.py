@@ -142,6 +142,7 @@ def task_choices() -> list[str]:
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The ``vgrpo`` argument parser: ``train``, ``sample`` and ``eval``."""
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -190,6 +191,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``vgrpo`` with ``argv`` (default: the command line); returns the exit status."""
     return run(make_parser(), argv)
 
 

@@ -4,351 +4,74 @@ A run is fully described by one :class:`TrainConfig`; it is saved as ``config.js
 Overrides use dotted paths and are type-checked against the dataclass fields::
 
     vgrpo train --algo vgrpo iterations=40 vgrpo.num_pairs=8 optim.lr=3e-4 advantage.soft_clip=none
+
+Every check is read from the dataclasses themselves: a field made with :func:`setting` carries its options
+(``choices``) and its range (``rule``); an algorithm's section (a subclass of :class:`AlgorithmSection`) carries
+the shared keys the algorithm ignores and its cross-key rules. A config refuses what it would ignore: a key of
+another algorithm's section, or a shared key the chosen algorithm does not read (``rollout.solver`` under
+Flow-GRPO), is an error that names the algorithm(s) that use it.
+
+Adding an algorithm is one dataclass naming the algorithm(s) that read it, and one field of
+:class:`TrainConfig` (an algorithm that only reads another's section adds its name to that section's
+``algorithms``, as GRPO-Guard does to Flow-GRPO's)::
+
+    @dataclass
+    class AWMConfig(AlgorithmSection):
+        algorithms: ClassVar[tuple[str, ...]] = ("awm",)
+        num_pairs: int = setting(6, rule=AT_LEAST_ONE)
+
+    class TrainConfig:
+        ...
+        awm: AWMConfig = field(default_factory=AWMConfig)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
 import math
 import types
 import typing
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 from integrations.distributed import STRATEGIES
-from vgrpo_lib.advantages import SCALES
+from algorithms.step_control import parse_schedule
+from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
-from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
+from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
 from vgrpo_lib.weighting import WEIGHTINGS
 
 
-@dataclass
-class RolloutConfig:
-    """How samples are generated during training (the algorithm may override the sampler: Flow-GRPO's SDE)."""
+@dataclass(frozen=True)
+class Rule:
+    """A range check of a config value: ``ok(value)``, described as ``text`` in the error (``must be {text}``)."""
 
-    num_steps: int = 10
-    solver: str = "euler"  # euler | heun | dpmpp_2m (deterministic ODE; V-GRPO and DiffusionNFT)
-    # SD3 time shift of the grid; None: the task's own grid (testbed: uniform; a diffusers task: its pipeline
-    # scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included)
-    shift: float | None = None
+    ok: Callable[[Any], bool]
+    text: str
 
 
-@dataclass
-class OptimConfig:
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    epochs: int = 1  # passes over the rollout per iteration
-    minibatch_size: int | None = None  # rows per gradient step (None: the whole rollout in one gradient step per epoch)
-    # or: this many gradient steps per epoch, each on an equal share of the rows (the official Flow-GRPO batching:
-    # 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage); exclusive with minibatch_size
-    minibatches: int | None = None
-    micro_batch_size: int | None = None  # rows per forward/backward inside a minibatch (gradient accumulation)
-    max_nonfinite_steps: int = 5  # abort after this many consecutive skipped (non-finite) steps
-    # EMA of the trained weights, evaluated in their place (official Flow-GRPO and DiffusionNFT: 0.9, with the
-    # warm-up min((1 + s) / (10 + s), ema_decay)); None: off
-    ema_decay: float | None = None
-    ema_every: int = 1  # gradient steps between EMA updates (official Flow-GRPO 8, DiffusionNFT 1)
+POSITIVE = Rule(lambda v: v > 0, "> 0")
+NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
+AT_LEAST_ONE = Rule(lambda v: v >= 1, ">= 1")
+UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "in [0, 1]")
+FRACTION = Rule(lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def setting(default, *, choices=(), rule: Rule | None = None):
+    """A config field with its checks: ``choices`` (the valid option strings) and ``rule`` (a range, checked
+    unless the value is None)."""
+    return field(default=default, metadata={"choices": tuple(choices), "rule": rule})
 
 
 ClipRange = float | tuple[float, float]  # eps, or a (low, high) pair: "0.01" or "0.01,0.02" on the command line
-
-
-@dataclass
-class AdvantageConfig:
-    scale: str = "group"  # group | batch | none | rank | trimmed
-    soft_clip: float | None = None  # eta of eta * tanh(A / eta)
-    # hard clip [-clip, clip] before the soft clip (Flow-GRPO: 5); DiffusionNFT's Amax (it needs one; official 5)
-    clip: float | None = None
-    eps: float = 1e-6  # added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4)
-
-
-@dataclass
-class VGRPOConfig:
-    num_pairs: int = 4
-    timesteps: str = "stratified"
-    sharing: str = "group"  # none | group | batch
-    weighting: str = "adaptive_x"  # eps | v | x | adaptive_x | elbo
-    # independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs even num_pairs)
-    noise: str = "independent"
-    clip_range: ClipRange = 0.01
-    behaviour_kl_coef: float | None = None  # x-space KL to the behaviour policy (paper: 0.3 where used)
-    ref_kl_coef: float | None = None  # x-space KL to the base policy
-    chunk_size: int | None = None
-
-
-@dataclass
-class FlowGRPOConfig:
-    """Flow-GRPO's settings; also those of GRPO-Guard and Flow-GRPO-Fast (the same SDE rollout and clipped loss)."""
-
-    noise_level: float = 0.7  # flow_sde: a of sigma_t = a sqrt(t / (1 - t)); cps: eta in (0, 1]
-    sde_type: str = "flow_sde"  # flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step)
-    clip_range: ClipRange = 1e-4
-    log_prob_reduction: str = "mean"
-    ref_kl_coef: float | None = None  # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
-    kl_form: str = "exact"  # exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss)
-    timestep_fraction: float = 1.0  # train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10)
-    filter_zero_advantage: bool = False  # official: samples with advantage exactly 0 are not trained
-    cfg_scale: float = 1.0  # classifier-free guidance in rollout and loss, uncond branch detached (official: 4.5)
-    window_size: int | None = None  # MixGRPO: SDE only inside a sliding window of this many steps
-    window_shift_interval: int = 25
-
-
-@dataclass
-class DiffusionNFTConfig:
-    strength: float = 1.0  # b, the implicit-policy mixing strength
-    adv_mode: str = "all"  # all | positive_only | negative_only | one_only | binary (official variants)
-    # train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: 9 of 10)
-    timestep_fraction: float = 1.0
-    weighting: str = "adaptive_x"
-    # old policy: d = 0 for the first decay_flat gradient steps, then min(decay_rate * (steps - decay_flat),
-    # decay_max), steps = gradient steps so far (official type 1: 0.001, 0.5, 0; type 2: 0.0075, 0.999, 75)
-    decay_rate: float = 0.001
-    decay_max: float = 0.5
-    decay_flat: int = 0
-    ref_kl_coef: float | None = None  # velocity MSE to the base policy (official: 1e-4)
-
-
-@dataclass
-class FlowGRPOFastConfig:
-    """Flow-GRPO-Fast: SDE and training on a window of consecutive steps of an ODE rollout (SDE settings: flow_grpo.*)."""
-
-    branch_steps: int = 2  # steps in the window (official sde_window_size: 2-3)
-    branch_range: float = 0.5  # the window lies in the first int(branch_range * num_steps) steps (official: half)
-
-
-@dataclass
-class FPOConfig:
-    """FPO: the clipped ratio of conditional flow-matching losses on independent pairs (official playground values)."""
-
-    num_pairs: int = 8  # n_samples_per_action
-    timesteps: str = "grid"  # grid: i.i.d. from the rollout grid (discretize_t_for_training) | a timestep sampler name
-    weighting: str = "v"  # the CFM loss ||v - (eps - x)||^2 (the paper's; the playground default supervises eps)
-    clip_range: float = 0.05
-
-
-@dataclass
-class AWMConfig:
-    """AWM: advantage-weighted flow matching (official SD3.5-M GenEval/OCR configs)."""
-
-    num_pairs: int = 6  # train_timesteps
-    timestep_fraction: float = 0.9  # pairs' timesteps from the rollout grid's steps 1 .. int(fraction * T) - 1
-    weighting: str = "ghuber"
-    advantage_scale: float = 0.2  # advantage_max / adv_clip_max = 1 / 5
-    behaviour_kl_coef: float | None = 1.0  # velocity MSE to the soft-updated copy (ema_beta)
-    ref_kl_coef: float | None = None  # velocity MSE to the base policy (beta: 0.001 GenEval, 0.003 OCR)
-    decay_rate: float = 0.001  # copy's decay d = min(decay_rate * gradient steps so far, decay_max)
-    decay_max: float = 0.3
-
-
-@dataclass
-class ModelConfig:
-    """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``mnist-sd3/<task>``); testbed tasks ignore
-    this section. ``None`` means the task's own value (the mnist-sd3 tasks bring prompts, reward and image size)."""
-
-    path: str | None = None  # local diffusers pipeline directory or hub id (None: the task's, from the HF cache)
-    prompts: str | None = None  # training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev)
-    eval_prompts: str | None = None  # evaluation prompt file (None: the task's, else the first 8 training prompts)
-    reward: str | None = None  # a reward name or a weighted sum "pickscore:1,ocr:0.5" (None: the task's; pickscore)
-    image_size: str | None = None  # "512" or "HxW" in pixels (None: the task's: 512 SD3.5-M, 720 FLUX.1-dev)
-    lora_rank: int = 32
-    lora_alpha: int = 64
-    device: str | None = None  # None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA
-    dtype: str = "bfloat16"  # storage dtype of the pretrained weights
-    max_sequence_length: int | None = None  # T5 tokens per prompt (None: 256 SD3 / 512 FLUX; 0 without T5)
-    gradient_checkpointing: bool | None = None  # None: on with CUDA
-    batch_size: int = 8  # samples per evaluation forward, VAE decode and text-encoder call
-    without_t5: bool = False  # SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros
-
-
-@dataclass
-class DistributedConfig:
-    """Multi-process training under torchrun (see :mod:`integrations.distributed`)."""
-
-    strategy: str = "ddp"  # ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes)
-
-
-@dataclass
-class EvalConfig:
-    every: int = 10  # iterations between evaluations (0: only at the start and the end)
-    per_prompt: int = 20
-    num_steps: int = 40
-    seed: int = 12345  # held-out seeds: independent of the training seed
-
-
-@dataclass
-class TrainConfig:
-    algo: str = "vgrpo"  # vgrpo | flow_grpo | diffusion_nft | fpo | awm | grpo_guard | flow_grpo_fast
-    task: str = "digit"
-    seed: int = 0
-    iterations: int = 60
-    prompts_per_iteration: int = 8
-    group_size: int = 16
-    checkpoint_every: int = 10
-    reward_retries: int = 2  # a reward function that raises is retried this many times, then the run fails
-    # float32 | bfloat16: model forwards of rollouts, old surrogates and losses under bf16 autocast (parameters,
-    # optimizer and the losses' arithmetic on the fp32 samples stay float32); evaluation always in float32
-    precision: str = "float32"
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    vgrpo: VGRPOConfig = field(default_factory=VGRPOConfig)
-    flow_grpo: FlowGRPOConfig = field(default_factory=FlowGRPOConfig)
-    diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
-    fpo: FPOConfig = field(default_factory=FPOConfig)
-    awm: AWMConfig = field(default_factory=AWMConfig)
-    flow_grpo_fast: FlowGRPOFastConfig = field(default_factory=FlowGRPOFastConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-
-    def __post_init__(self):
-        validate(self)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
-        return _build(cls, data, "")
-
-
-ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft", "fpo", "awm", "grpo_guard", "flow_grpo_fast")
-PRECISIONS = ("float32", "bfloat16")
-
-
-def validate(config: TrainConfig) -> None:
-    """Range checks that name the offending field."""
-    if config.algo not in ALGORITHMS:
-        raise ValueError(f"Unknown algorithm {config.algo!r}; expected one of {', '.join(ALGORITHMS)}.")
-    positive = {
-        "iterations": config.iterations,
-        "prompts_per_iteration": config.prompts_per_iteration,
-        "checkpoint_every": config.checkpoint_every,
-        "rollout.num_steps": config.rollout.num_steps,
-        "optim.epochs": config.optim.epochs,
-        "optim.max_nonfinite_steps": config.optim.max_nonfinite_steps,
-        "vgrpo.num_pairs": config.vgrpo.num_pairs,
-        "eval.per_prompt": config.eval.per_prompt,
-        "eval.num_steps": config.eval.num_steps,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}.")
-    if config.reward_retries < 0:
-        raise ValueError(f"reward_retries must be >= 0, got {config.reward_retries}.")
-    if config.group_size < 2:
-        raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs two samples), got {config.group_size}.")
-    if config.optim.lr <= 0:
-        raise ValueError(f"optim.lr must be > 0, got {config.optim.lr}.")
-    if config.optim.minibatch_size is not None and config.optim.minibatch_size < 1:
-        raise ValueError(f"optim.minibatch_size must be >= 1 or None, got {config.optim.minibatch_size}.")
-    if config.optim.micro_batch_size is not None and config.optim.micro_batch_size < 1:
-        raise ValueError(f"optim.micro_batch_size must be >= 1 or None, got {config.optim.micro_batch_size}.")
-    if config.eval.every < 0:
-        raise ValueError(f"eval.every must be >= 0, got {config.eval.every}.")
-    window = config.flow_grpo.window_size
-    if window is not None and not 1 <= window <= config.rollout.num_steps:
-        raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={config.rollout.num_steps}, got {window}.")
-    for key in ("flow_grpo.timestep_fraction", "diffusion_nft.timestep_fraction"):
-        fraction = _get(config, key)
-        if not (0 < fraction <= 1 and int(config.rollout.num_steps * fraction) >= 1):
-            raise ValueError(
-                f"{key} must be in (0, 1] and leave at least one of rollout.num_steps={config.rollout.num_steps} "
-                f"steps to train, got {fraction}."
-            )
-    if window is not None and config.flow_grpo.timestep_fraction != 1.0:
-        raise ValueError("flow_grpo.timestep_fraction and flow_grpo.window_size both choose the trained steps: set one.")
-    if config.optim.minibatches is not None and config.optim.minibatch_size is not None:
-        raise ValueError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
-    if config.optim.ema_decay is not None and config.distributed.strategy == "fsdp2":
-        raise ValueError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
-    _validate_options_and_ranges(config)
-
-
-# Option strings, checked here so that a typo fails when the config is built, naming the config key.
-OPTIONS = {
-    "rollout.solver": tuple(ODE_SOLVERS),
-    "advantage.scale": SCALES,
-    "vgrpo.timesteps": tuple(TIMESTEP_SAMPLERS),
-    "vgrpo.sharing": SHARING_SCOPES,
-    "vgrpo.weighting": tuple(WEIGHTINGS),
-    "vgrpo.noise": NOISE_SCHEMES,
-    "flow_grpo.log_prob_reduction": LOG_PROB_REDUCTIONS,
-    "flow_grpo.kl_form": FLOW_GRPO_KL_FORMS,
-    "diffusion_nft.adv_mode": NFT_ADVANTAGE_MODES,
-    "flow_grpo.sde_type": tuple(SDE_TYPES),
-    "fpo.timesteps": ("grid", *TIMESTEP_SAMPLERS),
-    "fpo.weighting": tuple(WEIGHTINGS),
-    "awm.weighting": tuple(WEIGHTINGS),
-    "diffusion_nft.weighting": tuple(WEIGHTINGS),
-    "distributed.strategy": STRATEGIES,
-    "precision": PRECISIONS,
-    "model.dtype": ("bfloat16", "float16", "float32"),
-}
-
-
-def _get(config, key: str):
-    value = config
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _validate_options_and_ranges(config: TrainConfig) -> None:
-    for key, options in OPTIONS.items():
-        value = _get(config, key)
-        if value not in options:
-            raise ValueError(f"Unknown {key} {value!r}; expected one of {', '.join(map(repr, options))}.")
-    # Every float field must be finite (NaN passes a plain `value <= 0` check and ends as a NaN loss or rate).
-    for key in valid_keys():
-        value = _get(config, key)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key} must be finite, got {value}.")
-
-    def need(key: str, ok, rule: str) -> None:
-        value = _get(config, key)
-        if value is not None and not ok(value):
-            raise ValueError(f"{key} must be {rule}, got {value!r}.")
-
-    positive = lambda v: v > 0  # noqa: E731
-    non_negative = lambda v: v >= 0  # noqa: E731
-    for key in ("optim.max_grad_norm", "rollout.shift", "advantage.soft_clip", "advantage.clip", "flow_grpo.noise_level",
-                "flow_grpo.cfg_scale", "diffusion_nft.strength", "awm.advantage_scale"):
-        need(key, positive, "> 0")
-    for key in ("optim.weight_decay", "advantage.eps", "diffusion_nft.decay_flat", "vgrpo.behaviour_kl_coef",
-                "vgrpo.ref_kl_coef", "flow_grpo.ref_kl_coef", "diffusion_nft.decay_rate", "diffusion_nft.ref_kl_coef",
-                "awm.behaviour_kl_coef", "awm.ref_kl_coef", "awm.decay_rate"):
-        need(key, non_negative, ">= 0")
-    for key in ("vgrpo.chunk_size", "flow_grpo.window_shift_interval", "optim.minibatches", "optim.ema_every",
-                "fpo.num_pairs", "awm.num_pairs", "flow_grpo_fast.branch_steps", "model.lora_rank",
-                "model.lora_alpha", "model.batch_size"):
-        need(key, lambda v: v >= 1, ">= 1")
-    need("model.max_sequence_length", non_negative, ">= 0")  # 0: no T5 tokens (a pipeline without T5)
-    for key in ("vgrpo.clip_range", "flow_grpo.clip_range"):
-        need(key, _valid_clip_range, "eps or a (low, high) pair with 0 <= low < 1 and high >= 0, finite")
-    if config.algo == "diffusion_nft" and config.advantage.clip is None:
-        raise ValueError(
-            "diffusion_nft needs advantage.clip: its Amax, the bound its advantages are clamped to before they are "
-            "normalised into r = A / (2 Amax) + 1/2 (official: 5; the testbed preset sets it)."
-        )
-    need("diffusion_nft.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
-    need("optim.ema_decay", lambda v: 0 <= v <= 1, "in [0, 1]")
-    need("awm.decay_max", lambda v: 0 <= v <= 1, "in [0, 1]")
-    need("fpo.clip_range", lambda v: 0 <= v < 1, "in [0, 1)")
-    for key in ("awm.timestep_fraction", "flow_grpo_fast.branch_range"):
-        need(key, lambda v: 0 < v <= 1, "in (0, 1]")
-    _validate_peers(config)
-    if config.vgrpo.noise == "antithetic" and config.vgrpo.num_pairs % 2:
-        raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {config.vgrpo.num_pairs}.")
-    need("model.image_size", lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
 
 
 def _valid_clip_range(value) -> bool:
@@ -356,32 +79,299 @@ def _valid_clip_range(value) -> bool:
     return 0 <= low < 1 and 0 <= high < math.inf
 
 
-def _validate_peers(config: TrainConfig) -> None:
-    """Settings of the peer algorithms that depend on each other or on the rollout."""
-    steps, flow = config.rollout.num_steps, config.flow_grpo
-    if flow.sde_type == "cps" and flow.noise_level > 1:
-        raise ValueError(f"flow_grpo.noise_level must be in (0, 1] with flow_grpo.sde_type=cps, got {flow.noise_level}.")
-    if flow.sde_type == "cps" and flow.window_size is not None:
-        raise ValueError("flow_grpo.window_size (MixGRPO) slides onto the last step, which has no noise with flow_grpo.sde_type=cps.")
-    if config.algo == "awm" and int(config.awm.timestep_fraction * steps) < 2:
+CLIP_RANGE = Rule(_valid_clip_range, "eps or a (low, high) pair with 0 <= low < 1 and high >= 0, finite")
+
+
+@dataclass
+class Section:
+    """Base of every config section: :meth:`check` holds its rules across keys (of the whole config)."""
+
+    def check(self, config: TrainConfig) -> None:
+        """Raise a ValueError naming the keys when a rule across keys fails (none by default)."""
+
+
+@dataclass
+class RolloutConfig(Section):
+    """How samples are generated during training (the algorithm may override the sampler: Flow-GRPO's SDE)."""
+
+    num_steps: int = setting(10, rule=AT_LEAST_ONE)
+    # deterministic ODE solver of V-GRPO's and DiffusionNFT's rollouts
+    solver: str = setting("euler", choices=ODE_SOLVERS)
+    # SD3 time shift of the grid; None: the task's own grid (testbed: uniform; a diffusers task: its pipeline
+    # scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included)
+    shift: float | None = setting(None, rule=POSITIVE)
+
+
+@dataclass
+class OptimConfig(Section):
+    """The optimizer (AdamW), how the rollout is cut into gradient steps, and an EMA of the weights."""
+
+    lr: float = setting(1e-4, rule=POSITIVE)
+    weight_decay: float = setting(0.0, rule=NON_NEGATIVE)
+    max_grad_norm: float = setting(1.0, rule=POSITIVE)
+    epochs: int = setting(1, rule=AT_LEAST_ONE)  # passes over the rollout per iteration
+    # rows per gradient step (None: the whole rollout in one gradient step per epoch)
+    minibatch_size: int | None = setting(None, rule=AT_LEAST_ONE)
+    # or: this many gradient steps per epoch, each on an equal share of the rows (the official Flow-GRPO batching:
+    # 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage); exclusive with minibatch_size
+    minibatches: int | None = setting(None, rule=AT_LEAST_ONE)
+    # rows per forward/backward inside a minibatch (gradient accumulation)
+    micro_batch_size: int | None = setting(None, rule=AT_LEAST_ONE)
+    # abort after this many consecutive skipped (non-finite) steps
+    max_nonfinite_steps: int = setting(5, rule=AT_LEAST_ONE)
+    # EMA of the trained weights, evaluated in their place (official Flow-GRPO and DiffusionNFT: 0.9, with the
+    # warm-up min((1 + s) / (10 + s), ema_decay)); None: off
+    ema_decay: float | None = setting(None, rule=UNIT_INTERVAL)
+    ema_every: int = setting(1, rule=AT_LEAST_ONE)  # gradient steps between EMA updates (official Flow-GRPO 8, NFT 1)
+
+    def check(self, config: TrainConfig) -> None:
+        if self.minibatches is not None and self.minibatch_size is not None:
+            raise ValueError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
+        if self.ema_decay is not None and config.distributed.strategy == "fsdp2":
+            raise ValueError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
+
+
+@dataclass
+class AdvantageConfig(Section):
+    """Group-relative advantages (:class:`vgrpo_lib.advantages.GroupAdvantage`), for every algorithm."""
+
+    scale: str = setting("group", choices=SCALES)
+    soft_clip: float | None = setting(None, rule=POSITIVE)  # eta of eta * tanh(A / eta)
+    # hard clip [-clip, clip] before the soft clip (Flow-GRPO: 5); DiffusionNFT's Amax (it needs one; official 5)
+    clip: float | None = setting(None, rule=POSITIVE)
+    eps: float = setting(1e-6, rule=NON_NEGATIVE)  # added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4)
+    # several rewards (model.reward=pickscore:1,ocr:0.5; a task's weighted reward): sum_then_normalize (the weighted
+    # sum of the raw scores is normalised per group: official Flow-GRPO) | normalize_then_sum (each reward is
+    # normalised per group, then weighted and summed: no reward dominates by its scale)
+    multi_reward: str = setting("sum_then_normalize", choices=MULTI_REWARD)
+
+
+@dataclass
+class ScheduleConfig(Section):
+    """Values that change over the run (:mod:`algorithms.step_control`), from the configured value, one step per
+    iteration: ``constant``, ``linear:end=E,steps=N``, ``cosine:end=E,steps=N``,
+    ``piecewise:at=B1/B2,values=V0/V1/V2``, each with an optional ``warmup=W``; and for the KL coefficients
+    ``adaptive:target=T,horizon=H`` (the adaptive KL controller). None: the configured value throughout."""
+
+    lr: str | None = None  # from optim.lr
+    clip_range: str | None = None  # from <algo>.clip_range (a single eps)
+    behaviour_kl_coef: str | None = None  # from <algo>.behaviour_kl_coef (which must be set; 0 starts it off)
+    ref_kl_coef: str | None = None  # from <algo>.ref_kl_coef (which must be set; 0 starts it off)
+
+    def check(self, config: TrainConfig) -> None:
+        for name, (start, spec) in schedule_targets(config).items():
+            parse_schedule(spec, start, f"schedule.{name}", adaptive=name.endswith("kl_coef"))
+
+
+def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
+    """Each scheduled value's name, start value and schedule: ``lr`` from ``optim.lr``, any other from the field
+    of that name of the chosen algorithm's section (a ValueError naming the key where it has none or it is
+    unset)."""
+    targets = {}
+    sections = {name: getattr(config, name) for name, s in _algorithm_sections().items() if config.algo in s.algorithms}
+    for f in fields(ScheduleConfig):
+        spec = getattr(config.schedule, f.name)
+        if spec is None:
+            continue
+        if f.name == "lr":
+            targets["lr"] = (config.optim.lr, spec)
+            continue
+        owner = next((name for name, section in sections.items() if hasattr(section, f.name)), None)
+        if owner is None:
+            raise ValueError(f"schedule.{f.name}: {config.algo} has no {f.name} to schedule.")
+        start = getattr(sections[owner], f.name)
+        if start is None:
+            raise ValueError(
+                f"schedule.{f.name} needs {owner}.{f.name} set: the term exists only when its coefficient is "
+                f"(set it to the start value, e.g. 0)."
+            )
+        if isinstance(start, tuple):
+            raise ValueError(f"schedule.{f.name} needs a single eps in {owner}.{f.name}, got the pair {start}.")
+        targets[f.name] = (float(start), spec)
+    return targets
+
+
+@dataclass
+class AlgorithmSection(Section):
+    """Base of an algorithm's config section: ``algorithms`` names the algorithms that read it (the first usually
+    gives the section its name); its :meth:`check` runs only when one of them is chosen. ``ignores`` maps keys of
+    other sections that these algorithms do not read to the reason (setting one is an error)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ()
+    ignores: ClassVar[dict[str, str]] = {}
+
+
+def check_trained_fraction(key: str, fraction: float, config: TrainConfig) -> None:
+    """``int(rollout.num_steps * fraction)`` must leave a step to train."""
+    if int(config.rollout.num_steps * fraction) < 1:
         raise ValueError(
-            f"awm.timestep_fraction * rollout.num_steps must be >= 2 (the pairs' timesteps are the grid's steps "
-            f"1 .. int(fraction * num_steps) - 1), got {config.awm.timestep_fraction} * {steps}."
+            f"{key} must leave at least one of rollout.num_steps={config.rollout.num_steps} steps to train, got "
+            f"{fraction}."
         )
-    if config.algo == "flow_grpo_fast":
-        fast = config.flow_grpo_fast
-        span = int(fast.branch_range * steps)
-        if flow.window_size is not None or flow.timestep_fraction != 1.0:
+
+
+@dataclass
+class VGRPOConfig(AlgorithmSection):
+    """V-GRPO: the ELBO surrogate's pairs and the clipped whole-sample ratio."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("vgrpo",)
+
+    num_pairs: int = setting(4, rule=AT_LEAST_ONE)
+    timesteps: str = setting("stratified", choices=TIMESTEP_SAMPLERS)
+    sharing: str = setting("group", choices=SHARING_SCOPES)
+    weighting: str = setting("adaptive_x", choices=WEIGHTINGS)
+    # independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs even num_pairs)
+    noise: str = setting("independent", choices=NOISE_SCHEMES)
+    clip_range: ClipRange = setting(0.01, rule=CLIP_RANGE)
+    # x-space KL to the behaviour policy (paper: 0.3 where used)
+    behaviour_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
+    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)  # x-space KL to the base policy
+    chunk_size: int | None = setting(None, rule=AT_LEAST_ONE)
+
+    def check(self, config: TrainConfig) -> None:
+        if self.noise == "antithetic" and self.num_pairs % 2:
+            raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {self.num_pairs}.")
+
+
+@dataclass
+class FlowGRPOConfig(AlgorithmSection):
+    """Flow-GRPO's settings (MixGRPO: a sliding SDE window); also GRPO-Guard's and Flow-GRPO-Fast's (the same SDE
+    rollout and clipped loss)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("flow_grpo", "grpo_guard", "flow_grpo_fast")
+    ignores: ClassVar[dict[str, str]] = {"rollout.solver": "its rollout is its own SDE sampler"}
+
+    # flow_sde: a of sigma_t = a sqrt(t / (1 - t)); cps: eta in (0, 1]
+    noise_level: float = setting(0.7, rule=POSITIVE)
+    # flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step)
+    sde_type: str = setting("flow_sde", choices=SDE_TYPES)
+    clip_range: ClipRange = setting(1e-4, rule=CLIP_RANGE)
+    log_prob_reduction: str = setting("mean", choices=LOG_PROB_REDUCTIONS)
+    # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
+    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
+    # exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss)
+    kl_form: str = setting("exact", choices=FLOW_GRPO_KL_FORMS)
+    # train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10)
+    timestep_fraction: float = setting(1.0, rule=FRACTION)
+    filter_zero_advantage: bool = False  # official: samples with advantage exactly 0 are not trained
+    # classifier-free guidance in rollout and loss, uncond branch detached (official: 4.5)
+    cfg_scale: float = setting(1.0, rule=POSITIVE)
+    # MixGRPO: SDE only inside a sliding window of this many steps
+    window_size: int | None = setting(None, rule=AT_LEAST_ONE)
+    window_shift_interval: int = setting(25, rule=AT_LEAST_ONE)
+
+    def check(self, config: TrainConfig) -> None:
+        steps = config.rollout.num_steps
+        if self.window_size is not None and self.window_size > steps:
+            raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={steps}, got {self.window_size}.")
+        check_trained_fraction("flow_grpo.timestep_fraction", self.timestep_fraction, config)
+        if self.window_size is not None and self.timestep_fraction != 1.0:
+            raise ValueError("flow_grpo.timestep_fraction and flow_grpo.window_size both choose the trained steps: set one.")
+        if self.sde_type == "cps" and self.noise_level > 1:
+            raise ValueError(f"flow_grpo.noise_level must be in (0, 1] with flow_grpo.sde_type=cps, got {self.noise_level}.")
+        if self.sde_type == "cps" and self.window_size is not None:
             raise ValueError(
-                "flow_grpo.window_size (MixGRPO's window) and flow_grpo.timestep_fraction do not apply to flow_grpo_fast "
-                "(its branching window chooses the trained steps); unset them."
+                "flow_grpo.window_size (MixGRPO) slides onto the last step, which has no noise with flow_grpo.sde_type=cps."
             )
-        if fast.branch_steps > span:
+
+
+@dataclass
+class DiffusionNFTConfig(AlgorithmSection):
+    """DiffusionNFT: implicit positive / negative policies around a soft-updated old policy."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("diffusion_nft",)
+
+    strength: float = setting(1.0, rule=POSITIVE)  # b, the implicit-policy mixing strength
+    # all | positive_only | negative_only | one_only | binary (official variants)
+    adv_mode: str = setting("all", choices=NFT_ADVANTAGE_MODES)
+    # train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: 9 of 10)
+    timestep_fraction: float = setting(1.0, rule=FRACTION)
+    weighting: str = setting("adaptive_x", choices=WEIGHTINGS)
+    # old policy: d = 0 for the first decay_flat gradient steps, then min(decay_rate * (steps - decay_flat),
+    # decay_max), steps = gradient steps so far (official type 1: 0.001, 0.5, 0; type 2: 0.0075, 0.999, 75)
+    decay_rate: float = setting(0.001, rule=NON_NEGATIVE)
+    decay_max: float = setting(0.5, rule=UNIT_INTERVAL)
+    decay_flat: int = setting(0, rule=NON_NEGATIVE)
+    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)  # velocity MSE to the base policy (official: 1e-4)
+
+    def check(self, config: TrainConfig) -> None:
+        check_trained_fraction("diffusion_nft.timestep_fraction", self.timestep_fraction, config)
+        if config.advantage.clip is None:
             raise ValueError(
-                f"flow_grpo_fast.branch_steps must be <= int(branch_range * rollout.num_steps) = {span}, got {fast.branch_steps}."
+                "diffusion_nft needs advantage.clip: its Amax, the bound its advantages are clamped to before they "
+                "are normalised into r = A / (2 Amax) + 1/2 (official: 5; the testbed preset sets it)."
             )
-        if flow.sde_type == "cps" and span >= steps:
-            raise ValueError("flow_grpo_fast.branch_range must leave out the last step with flow_grpo.sde_type=cps (it has no noise).")
+
+
+@dataclass
+class FlowGRPOFastConfig(AlgorithmSection):
+    """Flow-GRPO-Fast: SDE and training on a window of consecutive steps of an ODE rollout (SDE settings:
+    ``flow_grpo.*``)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("flow_grpo_fast",)
+    ignores: ClassVar[dict[str, str]] = {
+        key: "its branching window chooses the trained steps"
+        for key in ("flow_grpo.window_size", "flow_grpo.window_shift_interval", "flow_grpo.timestep_fraction")
+    }
+
+    branch_steps: int = setting(2, rule=AT_LEAST_ONE)  # steps in the window (official sde_window_size: 2-3)
+    # the window lies in the first int(branch_range * num_steps) steps (official: half)
+    branch_range: float = setting(0.5, rule=FRACTION)
+
+    def check(self, config: TrainConfig) -> None:
+        steps = config.rollout.num_steps
+        span = int(self.branch_range * steps)
+        if self.branch_steps > span:
+            raise ValueError(
+                f"flow_grpo_fast.branch_steps must be <= int(branch_range * rollout.num_steps) = {span}, got "
+                f"{self.branch_steps}."
+            )
+        if config.flow_grpo.sde_type == "cps" and span >= steps:
+            raise ValueError(
+                "flow_grpo_fast.branch_range must leave out the last step with flow_grpo.sde_type=cps (it has no noise)."
+            )
+
+
+@dataclass
+class FPOConfig(AlgorithmSection):
+    """FPO: the clipped ratio of conditional flow-matching losses on independent pairs (official playground
+    values)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("fpo",)
+
+    num_pairs: int = setting(8, rule=AT_LEAST_ONE)  # n_samples_per_action
+    # grid: i.i.d. from the rollout grid (discretize_t_for_training) | a timestep sampler name
+    timesteps: str = setting("grid", choices=("grid", *TIMESTEP_SAMPLERS))
+    # the CFM loss ||v - (eps - x)||^2 (the paper's; the playground default supervises eps)
+    weighting: str = setting("v", choices=WEIGHTINGS)
+    clip_range: ClipRange = setting(0.05, rule=CLIP_RANGE)
+
+
+@dataclass
+class AWMConfig(AlgorithmSection):
+    """AWM: advantage-weighted flow matching (official SD3.5-M GenEval/OCR configs)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("awm",)
+
+    num_pairs: int = setting(6, rule=AT_LEAST_ONE)  # train_timesteps
+    # pairs' timesteps from the rollout grid's steps 1 .. int(fraction * T) - 1
+    timestep_fraction: float = setting(0.9, rule=FRACTION)
+    weighting: str = setting("ghuber", choices=WEIGHTINGS)
+    advantage_scale: float = setting(0.2, rule=POSITIVE)  # advantage_max / adv_clip_max = 1 / 5
+    behaviour_kl_coef: float | None = setting(1.0, rule=NON_NEGATIVE)  # velocity MSE to the soft-updated copy
+    # velocity MSE to the base policy (beta: 0.001 GenEval, 0.003 OCR)
+    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
+    # copy's decay d = min(decay_rate * gradient steps so far, decay_max)
+    decay_rate: float = setting(0.001, rule=NON_NEGATIVE)
+    decay_max: float = setting(0.3, rule=UNIT_INTERVAL)
+
+    def check(self, config: TrainConfig) -> None:
+        steps = config.rollout.num_steps
+        if int(self.timestep_fraction * steps) < 2:
+            raise ValueError(
+                f"awm.timestep_fraction * rollout.num_steps must be >= 2 (the pairs' timesteps are the grid's steps "
+                f"1 .. int(fraction * num_steps) - 1), got {self.timestep_fraction} * {steps}."
+            )
 
 
 def parse_image_size(text: str) -> int | tuple[int, int] | None:
@@ -393,6 +383,180 @@ def parse_image_size(text: str) -> int | tuple[int, int] | None:
     if not all(side > 0 and side % 16 == 0 for side in sides):
         return None
     return sides[0] if len(sides) == 1 else (sides[0], sides[1])
+
+
+@dataclass
+class ModelConfig(Section):
+    """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``mnist-sd3/<task>``); testbed tasks ignore
+    this section. ``None`` means the task's own value (the mnist-sd3 tasks bring prompts, reward and image size)."""
+
+    path: str | None = None  # local diffusers pipeline directory or hub id (None: the task's, from the HF cache)
+    prompts: str | None = None  # training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev)
+    eval_prompts: str | None = None  # evaluation prompt file (None: the task's, else the first 8 training prompts)
+    reward: str | None = None  # a reward name or a weighted sum "pickscore:1,ocr:0.5" (None: the task's; pickscore)
+    # "512" or "HxW" in pixels (None: the task's: 512 SD3.5-M, 720 FLUX.1-dev)
+    image_size: str | None = setting(
+        None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
+    )
+    lora_rank: int = setting(32, rule=AT_LEAST_ONE)
+    lora_alpha: int = setting(64, rule=AT_LEAST_ONE)
+    device: str | None = None  # None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA
+    dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"))  # storage dtype of the weights
+    # T5 tokens per prompt (None: 256 SD3 / 512 FLUX; 0 without T5)
+    max_sequence_length: int | None = setting(None, rule=NON_NEGATIVE)
+    gradient_checkpointing: bool | None = None  # None: on with CUDA
+    batch_size: int = setting(8, rule=AT_LEAST_ONE)  # samples per evaluation forward, VAE decode and text-encoder call
+    without_t5: bool = False  # SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros
+
+
+@dataclass
+class DistributedConfig(Section):
+    """Multi-process training under torchrun (see :mod:`integrations.distributed`)."""
+
+    # ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes)
+    strategy: str = setting("ddp", choices=STRATEGIES)
+
+
+@dataclass
+class EvalConfig(Section):
+    """Evaluation on held-out seeds during and after training."""
+
+    every: int = setting(10, rule=NON_NEGATIVE)  # iterations between evaluations (0: only at the start and the end)
+    per_prompt: int = setting(20, rule=AT_LEAST_ONE)
+    num_steps: int = setting(40, rule=AT_LEAST_ONE)
+    seed: int = 12345  # held-out seeds: independent of the training seed
+
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+@dataclass
+class TrainConfig:
+    """One training run: the algorithm (``algo``, the name of one :class:`AlgorithmSection` field below), the
+    task, the batch (``prompts_per_iteration`` prompts x ``group_size`` samples) and every section."""
+
+    algo: str = "vgrpo"  # the name of an algorithm section below
+    task: str = "digit"
+    seed: int = 0
+    iterations: int = setting(60, rule=AT_LEAST_ONE)
+    prompts_per_iteration: int = setting(8, rule=AT_LEAST_ONE)
+    group_size: int = setting(16, rule=Rule(lambda v: v >= 2, ">= 2 (a group-relative advantage needs two samples)"))
+    checkpoint_every: int = setting(10, rule=AT_LEAST_ONE)
+    # a reward function that raises is retried this many times, then the run fails
+    reward_retries: int = setting(2, rule=NON_NEGATIVE)
+    # float32 | bfloat16: model forwards of rollouts, old surrogates and losses under bf16 autocast (parameters,
+    # optimizer and the losses' arithmetic on the fp32 samples stay float32); evaluation always in float32
+    precision: str = setting("float32", choices=PRECISIONS)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    vgrpo: VGRPOConfig = field(default_factory=VGRPOConfig)
+    flow_grpo: FlowGRPOConfig = field(default_factory=FlowGRPOConfig)
+    diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
+    fpo: FPOConfig = field(default_factory=FPOConfig)
+    awm: AWMConfig = field(default_factory=AWMConfig)
+    flow_grpo_fast: FlowGRPOFastConfig = field(default_factory=FlowGRPOFastConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def __post_init__(self):
+        validate(self)
+
+    def to_dict(self) -> dict:
+        """What ``config.json`` holds: every key the chosen algorithm uses (not the other algorithms' sections, not
+        the keys it ignores)."""
+        sections = _algorithm_sections()
+        data = {k: v for k, v in asdict(self).items() if k not in sections or self.algo in sections[k].algorithms}
+        for key in _ignored(self.algo):
+            *sections, name = key.split(".")
+            target = data
+            for section in sections:
+                target = target[section]
+            del target[name]
+        return data
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON with sorted keys (``config.json``)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """Build from a (JSON) mapping: unknown keys and wrong types are refused, and so are keys the algorithm
+        does not use unless they hold their defaults (a ``config.json`` written with every section reads back)."""
+        return _build(cls, data, "")
+
+
+def _section_values(config: TrainConfig) -> dict[str, Section]:
+    return {f.name: getattr(config, f.name) for f in fields(config) if isinstance(getattr(config, f.name), Section)}
+
+
+def _sections(cls) -> dict[str, type]:
+    return {f.name: _resolve(_field_types(cls)[f.name])[0] for f in fields(cls)}
+
+
+def _walk(config, prefix: str = "") -> Iterator[tuple[str, Any, dataclasses.Field]]:
+    """``(dotted key, value, field)`` of every leaf of ``config``."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _walk(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value, f
+
+
+def validate(config: TrainConfig) -> None:
+    """Options, ranges, finiteness and cross-key rules, each error naming the key; then keys the chosen algorithm
+    does not use must keep their defaults."""
+    if config.algo not in ALGORITHMS:
+        raise ValueError(f"Unknown algorithm {config.algo!r}; expected one of {', '.join(ALGORITHMS)}.")
+    for key, value, f in _walk(config):
+        choices, rule = f.metadata.get("choices"), f.metadata.get("rule")
+        if choices and value not in choices:
+            raise ValueError(f"Unknown {key} {value!r}; expected one of {', '.join(map(repr, choices))}.")
+        # NaN passes a plain `value <= 0` check and ends as a NaN loss or rate
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be finite, got {value}.")
+        if rule is not None and value is not None and not rule.ok(value):
+            raise ValueError(f"{key} must be {rule.text}, got {value!r}.")
+    _check_used(config.algo, [key for key, value, f in _walk(config) if value != f.default])
+    for section in _section_values(config).values():
+        if not isinstance(section, AlgorithmSection) or config.algo in section.algorithms:
+            section.check(config)
+
+
+@functools.cache
+def _algorithm_sections() -> dict[str, type[AlgorithmSection]]:
+    """TrainConfig's algorithm sections: field name -> section class."""
+    return {name: tp for name, tp in _sections(TrainConfig).items()
+            if isinstance(tp, type) and issubclass(tp, AlgorithmSection)}
+
+
+def _ignored(algo: str) -> dict[str, str]:
+    """The keys ``algo`` does not read and why: the ``ignores`` of every section it reads."""
+    return {key: reason for section in _algorithm_sections().values() if algo in section.algorithms
+            for key, reason in section.ignores.items()}
+
+
+def _check_used(algo: str, keys) -> None:
+    """Refuse keys (set by the user, or off their defaults) that ``algo`` does not use, naming those that do."""
+    sections = _algorithm_sections()
+    for key in keys:
+        section = sections.get(key.partition(".")[0])
+        if section is not None and algo not in section.algorithms:
+            raise ValueError(
+                f"{key} is a setting of {' / '.join(section.algorithms)}, but algo={algo} does not use it; drop it, "
+                f"or train with algo={section.algorithms[0]}."
+            )
+        reason = _ignored(algo).get(key)
+        if reason is not None:
+            candidates = section.algorithms if section is not None else ALGORITHMS
+            users = [name for name in candidates if key not in _ignored(name)]
+            raise ValueError(f"{key} is not used by {algo} ({reason}); it is used by {', '.join(users) or 'no algorithm'}.")
+
+
+# -- types and parsing -------------------------------------------------------------------------------------------
 
 
 def _members(tp) -> tuple[list, bool]:
@@ -409,14 +573,57 @@ def _resolve(tp):
     return members[0], optional
 
 
-def _describe(tp) -> str:
-    if typing.get_origin(tp) is tuple:
-        return "a (low, high) pair such as 0.01,0.02"
-    return getattr(tp, "__name__", str(tp))
-
-
 def _is_pair(tp) -> bool:
     return typing.get_origin(tp) is tuple and typing.get_args(tp) == (float, float)
+
+
+def _expected(tp) -> str:
+    members, optional = _members(tp)
+    names = ["a (low, high) pair such as 0.01,0.02" if _is_pair(m) else getattr(m, "__name__", str(m)) for m in members]
+    return " or ".join(names) + (" or None" if optional else "")
+
+
+def _field_types(cls) -> dict[str, typing.Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+# Keys renamed by issue 13 (one name per meaning): an old key is refused with its new name.
+RENAMED = {
+    "vgrpo.kl_coef": "vgrpo.behaviour_kl_coef",
+    "vgrpo.clip_low": "vgrpo.clip_range=LOW,HIGH",
+    "vgrpo.clip_high": "vgrpo.clip_range=LOW,HIGH",
+    "flow_grpo.clip_epsilon": "flow_grpo.clip_range",
+    "flow_grpo.kl_coef": "flow_grpo.ref_kl_coef",
+    "flow_grpo.adv_clip": "advantage.clip",
+    "diffusion_nft.kl_coef": "diffusion_nft.ref_kl_coef",
+    "diffusion_nft.adv_max": "advantage.clip",
+}
+
+
+def _unknown(key: str, candidates: list[str], what: str = "key") -> ValueError:
+    """An unknown key's error: its new name if it was renamed, else the closest valid name if one is close."""
+    if key in RENAMED:
+        return ValueError(f"Unknown config key {key!r}: renamed to {RENAMED[key]} (see the README's Migrating table).")
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else f"see `algorithms/config.py` for the valid {what}s."
+    return ValueError(f"Unknown config {what} {key!r}; {hint}")
+
+
+def _build(cls, data: dict, prefix: str):
+    types_ = _field_types(cls)
+    for name in sorted(set(data) - set(types_)):
+        raise _unknown(prefix + name, [prefix + k for k in types_])
+    kwargs = {}
+    for name, value in data.items():
+        base, _ = _resolve(types_[name])
+        if dataclasses.is_dataclass(base):
+            if not isinstance(value, dict):
+                raise ValueError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
+            kwargs[name] = _build(base, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _check_type(value, types_[name], prefix + name)
+    return cls(**kwargs)
 
 
 def _convert(value, tp):
@@ -430,33 +637,6 @@ def _convert(value, tp):
     if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
         raise ValueError
     return value
-
-
-def _field_types(cls) -> dict[str, typing.Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
-
-
-def _build(cls, data: dict, prefix: str):
-    types_ = _field_types(cls)
-    unknown = set(data) - set(types_)
-    if unknown:
-        raise ValueError(f"Unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}.")
-    kwargs = {}
-    for name, value in data.items():
-        base, _ = _resolve(types_[name])
-        if dataclasses.is_dataclass(base):
-            if not isinstance(value, dict):
-                raise ValueError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
-            kwargs[name] = _build(base, value, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _check_type(value, types_[name], prefix + name)
-    return cls(**kwargs)
-
-
-def _expected(tp) -> str:
-    members, optional = _members(tp)
-    return " or ".join(_describe(m) for m in members) + (" or None" if optional else "")
 
 
 def _check_type(value, tp, key: str):
@@ -500,30 +680,44 @@ def _parse_value(text: str, tp, key: str):
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """Return a new config with ``section.field=value`` overrides applied (types checked, unknown keys refused)."""
-    data = config.to_dict()
+    """Return a new config with ``section.field=value`` overrides applied (types checked, unknown keys refused with
+    the closest valid one, keys the final ``algo`` does not use refused even at their default value)."""
+    data = asdict(config)
+    keys = []
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"Override {item!r} must look like key=value (e.g. optim.lr=3e-4).")
         key, text = item.split("=", 1)
         parts = key.split(".")
         cls, target = TrainConfig, data
-        for part in parts[:-1]:
-            types_ = _field_types(cls)
-            base = _resolve(types_[part])[0] if part in types_ else None
-            if base is None or not dataclasses.is_dataclass(base):
-                raise ValueError(f"Unknown config section {part!r} in override {key!r}.")
-            cls, target = base, target[part]
+        for depth, part in enumerate(parts[:-1]):
+            sections = {name: tp for name, tp in _sections(cls).items() if dataclasses.is_dataclass(tp)}
+            if part not in sections:
+                raise _unknown(part, list(sections), "section") if depth == 0 else _unknown(key, valid_keys())
+            cls, target = sections[part], target[part]
         types_ = _field_types(cls)
         if parts[-1] not in types_ or dataclasses.is_dataclass(_resolve(types_[parts[-1]])[0]):
-            raise ValueError(f"Unknown config key {key!r}; valid keys: {', '.join(sorted(valid_keys()))}.")
+            raise _unknown(key, valid_keys())
         target[parts[-1]] = _parse_value(text, types_[parts[-1]], key)
-    return TrainConfig.from_dict(data)
+        keys.append(key)
+    if data["algo"] in ALGORITHMS:  # an unknown algorithm is named by validate()
+        _check_used(data["algo"], keys)
+    return _build(TrainConfig, data, "")
 
 
 def valid_keys(cls=TrainConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of ``cls`` (all algorithms' sections included)."""
     out = []
     for name, tp in _field_types(cls).items():
         base = _resolve(tp)[0]
         out += valid_keys(base, f"{prefix}{name}.") if dataclasses.is_dataclass(base) else [prefix + name]
     return out
+
+
+# The algorithms, in the order of TrainConfig's AlgorithmSection fields: those their ``algorithms`` name.
+ALGORITHMS = tuple(dict.fromkeys(
+    algo for tp in _sections(TrainConfig).values() if isinstance(tp, type) and issubclass(tp, AlgorithmSection)
+    for algo in tp.algorithms
+))
+# Every option key and its choices (read from the fields).
+OPTIONS = {key: f.metadata["choices"] for key, _, f in _walk(TrainConfig()) if f.metadata.get("choices")}

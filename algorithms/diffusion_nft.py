@@ -23,6 +23,9 @@ from vgrpo_lib.timesteps import GridSubset
 
 
 class DiffusionNFT(Algorithm):
+    """DiffusionNFT from ``config.diffusion_nft``: the old policy's ODE rollout, fresh timestep-noise pairs every
+    step, :class:`DiffusionNFTLoss` and the old policy's soft update (see the module docstring)."""
+
     name = "diffusion_nft"
 
     def __init__(self, config, policies, sample_shape, grid):
@@ -56,6 +59,7 @@ class DiffusionNFT(Algorithm):
         return self.behaviour
 
     def loss(self, minibatch, generator):
+        """The DiffusionNFT loss on fresh timestep-noise pairs for ``minibatch`` (drawn here, every step)."""
         return self.loss_on_fresh_pairs(self.estimator, minibatch, generator)
 
     def after_iteration(self, iteration: int, grad_steps: int) -> None:

@@ -26,6 +26,9 @@ from vgrpo_lib.samplers import classifier_free_guidance, sample_sde
 
 
 class FlowGRPO(Algorithm):
+    """Flow-GRPO from ``config.flow_grpo``: the recording SDE rollout (MixGRPO: a sliding window), one training row
+    per transition and :class:`FlowGRPOLoss` (see the module docstring)."""
+
     name = "flow_grpo"
     loss_class = FlowGRPOLoss
     record_mean = False  # the rollout also records each step's mean (GRPO-Guard's ratio normalisation)
@@ -119,6 +122,7 @@ class FlowGRPO(Algorithm):
         return batch[keep]
 
     def trained_steps(self) -> int:
+        """SDE steps trained per sample and epoch (the window's size with MixGRPO)."""
         if self.window is not None:
             return self.window.size
         # A CPS step to t = 0 has no noise: never stochastic, never trained.

@@ -22,6 +22,9 @@ from algorithms.flow_grpo import FlowGRPO
 
 
 class FlowGRPOFast(FlowGRPO):
+    """Flow-GRPO-Fast from ``config.flow_grpo`` and ``config.flow_grpo_fast``: SDE and training on a window of
+    branching steps (see the module docstring)."""
+
     name = "flow_grpo_fast"
 
     def sde_steps(self, iteration: int, generator: torch.Generator) -> list[int]:

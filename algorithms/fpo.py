@@ -24,6 +24,9 @@ from vgrpo_lib.timesteps import DiscreteGrid
 
 
 class FPO(VGRPO):
+    """FPO from ``config.fpo``: V-GRPO's machinery with independent pairs and the CFM loss (see the module
+    docstring)."""
+
     name = "fpo"
 
     def __init__(self, config, policies, sample_shape, grid):

@@ -18,6 +18,9 @@ from vgrpo_lib.losses import GRPOGuardLoss
 
 
 class GRPOGuard(FlowGRPO):
+    """GRPO-Guard from ``config.flow_grpo``: Flow-GRPO with the normalised per-step log-ratio (see the module
+    docstring)."""
+
     name = "grpo_guard"
     loss_class = GRPOGuardLoss
     record_mean = True

@@ -40,9 +40,11 @@ class BehaviourPolicy(Protocol):
     def shard(self, strategy: str) -> None:
         """Prepare for multi-process training with ``strategy`` (after the trained policy is wrapped)."""
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict:
+        """The behaviour weights, full (gathered under FSDP2), for a checkpoint."""
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
 
 
 class CopiedBehaviour:
@@ -60,15 +62,19 @@ class CopiedBehaviour:
         return self.model(x_t, t, cond)
 
     def update_(self, decay: float) -> None:
+        """``copy <- decay * copy + (1 - decay) * trained``, parameter by parameter (local shards under FSDP2)."""
         ema_update_(local_parameters(self.model), local_parameters(self.source), decay)
 
     def shard(self, strategy: str) -> None:
+        """Shard the copy like the trained policy (FSDP2); DDP keeps it whole."""
         self.model = shard_frozen(self.model, strategy)
 
     def state_dict(self) -> dict:
+        """The copy's full weights."""
         return model_state_dict(self.model)
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         load_model_state_dict(self.model, state)
 
 
@@ -102,6 +108,7 @@ class WeightEMA:
         self.decay, self.every = EMAWarmupDecay(max_decay), every
 
     def update(self, step: int) -> None:
+        """After gradient step ``step`` (1-based): average in the current weights when the step is due."""
         if (step + 1) % self.every == 0:
             ema_update_(self.average, self.parameters, self.decay(step))
 
@@ -119,8 +126,10 @@ class WeightEMA:
                     param.data, average.data = average.data, param.data
 
     def state_dict(self) -> dict:
+        """The averaged parameters (copies)."""
         return {"average": [a.clone() for a in self.average]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         for average, saved in zip(self.average, state["average"], strict=True):
             average.copy_(saved)

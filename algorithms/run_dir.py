@@ -51,6 +51,7 @@ def save_figure(fig, path: Path, dpi: int = 100) -> None:
 
 
 def rows_to_csv(rows: list[dict]) -> str:
+    """CSV text of ``rows`` with the union of their keys as columns, in first-seen order (missing cells empty)."""
     columns: list[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
@@ -89,26 +90,33 @@ class RunDir:
         return self.root / "config.json"
 
     def exists(self) -> bool:
+        """Whether the directory already holds a run (its ``config.json``)."""
         return self.config_path.exists()
 
     def write_config(self, config_json: str) -> None:
+        """Write ``config.json`` atomically."""
         atomic_write_text(self.config_path, config_json + "\n")
 
     def read_config(self) -> dict:
+        """The saved config as a dict (FileNotFoundError naming the directory when it is not a run)."""
         if not self.config_path.exists():
             raise FileNotFoundError(f"{self.root} is not a run directory: no config.json.")
         return json.loads(self.config_path.read_text())
 
     def write_rows(self, name: str, rows: list[dict]) -> None:
+        """Write ``rows`` as the CSV file ``name`` atomically."""
         atomic_write_text(self.root / name, rows_to_csv(rows))
 
     def read_rows(self, name: str) -> list[dict]:
+        """The rows of the CSV file ``name`` (numbers parsed)."""
         return read_csv(self.root / name)
 
     def write_jsonl(self, name: str, records: list[dict]) -> None:
+        """Write ``records`` as JSON lines to ``name`` atomically."""
         atomic_write_text(self.root / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
     def read_jsonl(self, name: str) -> list[dict]:
+        """The records of the JSON-lines file ``name`` (none when it does not exist)."""
         path = self.root / name
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -117,6 +125,7 @@ class RunDir:
         return sorted(self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt"))
 
     def save_checkpoint(self, iteration: int, state: dict) -> Path:
+        """Write ``state`` as the checkpoint of ``iteration`` atomically; returns its path."""
         buffer = io.BytesIO()
         torch.save(state, buffer)
         path = self.checkpoints / f"{CHECKPOINT_PREFIX}{iteration:06d}.pt"

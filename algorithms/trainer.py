@@ -28,10 +28,11 @@ import torch
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
 from tqdm.auto import tqdm
 
-from algorithms.config import TrainConfig
+from algorithms.config import TrainConfig, schedule_targets
 from algorithms.policies import Policies, WeightEMA, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.run_dir import RunDir, pyplot, save_figure
+from algorithms.step_control import StepControl
 from algorithms.tasks import load_task, repeat_each, rollout_grid
 from integrations.distributed import (
     Shard,
@@ -58,14 +59,16 @@ class RewardError(ValueError):
     """A reward function returned something unusable."""
 
 
-def check_reward(reward, num_samples: int, prompts: torch.Tensor) -> torch.Tensor:
-    """The reward as a float tensor ``[N]``; a clear error naming the prompt on NaN/inf or a wrong shape."""
-    if not isinstance(reward, torch.Tensor) or reward.shape != (num_samples,):
+def check_reward(reward, num_samples: int, prompts: torch.Tensor, num_rewards: int | None = None) -> torch.Tensor:
+    """The reward as a float tensor ``[N]`` (``[N, R]`` for ``num_rewards`` rewards); a clear error naming the
+    prompt on NaN/inf or a wrong shape."""
+    expected = (num_samples,) if num_rewards is None else (num_samples, num_rewards)
+    if not isinstance(reward, torch.Tensor) or reward.shape != expected:
         shape = tuple(reward.shape) if isinstance(reward, torch.Tensor) else type(reward).__name__
-        raise RewardError(f"The reward function must return a tensor of shape ({num_samples},), got {shape}.")
+        raise RewardError(f"The reward function must return a tensor of shape {expected}, got {shape}.")
     bad = ~torch.isfinite(reward)
     if bool(bad.any()):
-        index = int(bad.nonzero()[0])
+        index = int(bad.nonzero()[0, 0])
         prompt = prompts[index].tolist() if isinstance(prompts[index], torch.Tensor) else prompts[index]
         raise RewardError(
             f"The reward is NaN or inf for {int(bad.sum())} sample(s), first at index {index} (prompt {prompt!r})."
@@ -107,10 +110,16 @@ class Trainer:
         self.algorithm = algorithm_class(config, policies, self.task.sample_shape, grid)
         self.algorithm.shard = self.shard
         self.reward_fn = self.task.reward()
+        # A multi-reward (``stack(images, prompts) -> [N, R]`` with ``names`` and ``weights``) is scored per reward
+        # and combined as advantage.multi_reward says.
+        self.reward_names = list(self.reward_fn.names) if hasattr(self.reward_fn, "stack") else None
+        self.reward_weights = None if self.reward_names is None else torch.as_tensor(self.reward_fn.weights).float().cpu()
         a = config.advantage
-        self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip, eps=a.eps)
+        self.advantage = GroupAdvantage(a.scale, soft_clip=a.soft_clip, clip=a.clip, eps=a.eps,
+                                        weights=self.reward_weights, multi_reward=a.multi_reward)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+        self.control = StepControl(schedule_targets(config), self.algorithm.loss_module, self.optimizer)
         o = config.optim
         self.ema = None if o.ema_decay is None else WeightEMA(self.policy.parameters(), o.ema_decay, o.ema_every)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -146,6 +155,7 @@ class Trainer:
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "counters": dict(self.counters),
+            "step_control": self.control.state_dict(),
             **({} if self.ema is None else {"ema": self.ema.state_dict()}),
         }
 
@@ -157,6 +167,7 @@ class Trainer:
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.counters = {**self.counters, **state["counters"]}  # counters added since the checkpoint start at 0
+        self.control.load_state_dict(state.get("step_control", {}))
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.metrics = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < self.iteration]
@@ -179,11 +190,12 @@ class Trainer:
         return prompts, self.task.condition(prompts), group
 
     def _reward(self, images: torch.Tensor, prompts) -> torch.Tensor:
-        """The reward, retried ``reward_retries`` times when the reward function raises (a flaky remote or GPU
-        reward model), then checked for shape and finiteness."""
+        """The reward ``[N]`` (a multi-reward's ``[N, R]``), retried ``reward_retries`` times when the reward
+        function raises (a flaky remote or GPU reward model), then checked for shape and finiteness."""
+        score = self.reward_fn if self.reward_names is None else self.reward_fn.stack
         for attempt in range(self.config.reward_retries + 1):
             try:
-                reward = self.reward_fn(images, prompts)
+                reward = score(images, prompts)
                 break
             except Exception as error:  # any failure of user code: retried, then reported with its cause
                 if attempt == self.config.reward_retries:
@@ -192,7 +204,7 @@ class Trainer:
                         f"{type(error).__name__}: {error}"
                     ) from error
                 warnings.warn(f"The reward function raised ({error}); retrying ({attempt + 1}/{self.config.reward_retries}).")
-        return check_reward(reward, images.shape[0], prompts)
+        return check_reward(reward, images.shape[0], prompts, None if self.reward_names is None else len(self.reward_names))
 
     def _update(self, rows) -> dict[str, float]:
         optim = self.config.optim
@@ -266,21 +278,24 @@ class Trainer:
         """Run one iteration and return its metrics row."""
         clock = time.perf_counter
         start, cpu_start = clock(), time.process_time()
+        controlled = self.control.apply(self.iteration)  # scheduled lr / clip range / KL coefficients
         prompts, cond, group = self._prompts()
         with self._autocast():
             batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
         batch["reward"] = self._reward(self.task.decode(batch["sample"]), prompts)
-        # The global batch's rewards on every rank (B floats): advantages and logged statistics are global.
-        reward, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
+        # The global batch's rewards on every rank (B floats, or [B, R]): advantages and logged statistics are global.
+        scores, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
+        reward = scores if self.reward_names is None else scores @ self.reward_weights.to(scores)  # the weighted sum
         stats = group_statistics(reward, groups)
-        advantage = self.advantage(reward, groups)
+        advantage = self.advantage(scores, groups)
         batch["advantage"] = self.shard.local(advantage)
         rewarded = clock()
         with self._autocast():
             rows = self.algorithm.prepare(batch, self.generator)
         prepared = clock()
         losses = self._update(rows)
+        self.control.observe(losses)  # the adaptive KL coefficients follow the measured KL
         self.algorithm.after_iteration(self.iteration, self.counters["grad_steps"])
         updated = clock()
         nfe = self.algorithm.nfe()
@@ -294,7 +309,9 @@ class Trainer:
             "reward_std": reward.std().item(),
             "zero_std_fraction": stats["zero_std_fraction"].item(),
             "advantage_abs_mean": advantage.abs().mean().item(),
+            **{f"reward_{name}_mean": scores[:, i].mean().item() for i, name in enumerate(self.reward_names or [])},
             **losses,
+            **controlled,
             "rollout_s": rolled - start,
             "reward_s": rewarded - rolled,
             "prepare_s": prepared - rewarded,
@@ -409,10 +426,17 @@ def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
     """Training reward and evaluation accuracy (training classifier vs independent judge) against iteration."""
     plt = pyplot()
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    # A multi-reward run also plots each reward (raw scores, one curve each: their scales differ).
+    parts = [k for k in (metrics[0] if metrics else {}) if k.startswith("reward_") and k.endswith("_mean") and k != "reward_mean"]
+    fig, (left, right, *each) = plt.subplots(1, 3 if parts else 2, figsize=(15 if parts else 10, 3.6))
     if metrics:
         left.plot([m["iteration"] + 1 for m in metrics], [m["reward_mean"] for m in metrics])
     left.set(xlabel="iteration", ylabel="mean training reward", title="reward")
+    for key in parts:
+        each[0].plot([m["iteration"] + 1 for m in metrics], [m[key] for m in metrics], label=key[len("reward_"):-len("_mean")])
+    if parts:
+        each[0].legend()
+        each[0].set(xlabel="iteration", ylabel="mean raw score", title="each reward")
     # Testbed tasks report classifier and judge accuracy; other tasks (diffusers) their evaluation reward.
     curves = {"accuracy": ("o", "classifier (reward model)"), "judge_accuracy": ("s", "independent judge")}
     if evaluations and "accuracy" not in evaluations[0]:

@@ -21,6 +21,9 @@ from vgrpo_lib.losses import VGRPOLoss
 
 
 class VGRPO(Algorithm):
+    """V-GRPO from ``config.vgrpo``: an ODE rollout, K stored pairs per sample and :class:`VGRPOLoss` (see the
+    module docstring). Built with the policies, the sample shape ``[*D]`` and the rollout grid (floats 1 -> 0)."""
+
     name = "vgrpo"
 
     def __init__(self, config, policies, sample_shape, grid):

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
 
-from algorithms.config import OPTIONS, TrainConfig, apply_overrides, valid_keys
+from algorithms.cli import build_config
+from algorithms.config import OPTIONS, AlgorithmSection, TrainConfig, apply_overrides, valid_keys
 from vgrpo_lib import (
     DiffusionNFTLoss,
     ELBOSurrogate,
@@ -936,8 +937,14 @@ STR_RULES = {"model.image_size": ["100", "0", "512x", "16x-16", "axb", "1x2x3"]}
 RULES = {**FLOAT_RULES, **INT_RULES, **STR_RULES}
 
 
+def _base(key: str) -> TrainConfig:
+    """The testbed config of the algorithm that uses ``key`` (a shared key: V-GRPO's, which reads them all)."""
+    section = getattr(TrainConfig(), key.partition(".")[0], None)
+    return build_config(section.algorithms[0] if isinstance(section, AlgorithmSection) else "vgrpo", None, "testbed", [])
+
+
 def _field_kind(key: str):
-    config = TrainConfig()
+    config = _base(key)
     section, _, name = key.rpartition(".")
     value = getattr(getattr(config, section) if section else config, name)
     field_type = TrainConfig.__dataclass_fields__ if not section else type(getattr(config, section)).__dataclass_fields__
@@ -966,7 +973,7 @@ def test_fuzz_config_overrides(data):
         text = draw(unknown(OPTIONS.get(key, ("vgrpo", "flow_grpo", "diffusion_nft"))).filter(lambda s: "=" not in s))
         record("config", kind, key, text == "")
         name = "algorithm" if key == "algo" else key
-        expect_error(lambda: apply_overrides(TrainConfig(), [f"{key}={text}"]), ValueError, rf"Unknown {re.escape(name)} {re.escape(repr(text))}")
+        expect_error(lambda: apply_overrides(_base(key), [f"{key}={text}"]), ValueError, rf"Unknown {re.escape(name)} {re.escape(repr(text))}")
         return
     elif kind == "unknown_key":
         bad_key = key + draw(st.text(string.ascii_lowercase + "_", min_size=1, max_size=4).filter(lambda t: key + t not in keys))
@@ -989,7 +996,7 @@ def test_fuzz_config_overrides(data):
         wrong = draw(st.sampled_from([[], {}, True] + ([] if base == "str" else ["x"]) + ([1.5] if base == "int" else [])
                                      + ([3] if base == "str" else [])))
         section, _, name = key.rpartition(".")
-        payload = TrainConfig().to_dict()
+        payload = _base(key).to_dict()
         (payload[section] if section else payload)[name] = wrong
         record("config", kind, key, type(wrong).__name__)
         if base == "bool" and isinstance(wrong, bool):
@@ -1001,11 +1008,11 @@ def test_fuzz_config_overrides(data):
     if kind == "valid":
         text = "none" if value is None else str(value)
         record("config", kind, key)
-        config = apply_overrides(TrainConfig(), [f"{key}={text}"])
-        assert config == TrainConfig()
+        config = apply_overrides(_base(key), [f"{key}={text}"])
+        assert config == _base(key)
         return
     record("config", kind, key, text)
-    expect_error(lambda: apply_overrides(TrainConfig(), [f"{key}={text}"]), ValueError, re.escape(key))
+    expect_error(lambda: apply_overrides(_base(key), [f"{key}={text}"]), ValueError, re.escape(key))
 
 
 # ------------------------------------------------------------------------------------------- the count

@@ -13,15 +13,54 @@ Pure torch + tensordict + torchrl (no diffusers import). The pieces, each usable
   peers' :class:`GRPOGuardLoss`, :class:`AWMLoss`.
 - :mod:`~vgrpo_lib.control`: schedules, adaptive KL, old-policy decay, MixGRPO window.
 - :mod:`~vgrpo_lib.samplers`: Euler, Heun, DPM-Solver++(2M) and the recording SDE sampler (Flow-SDE or CPS).
+
+Their public names are exported here too (``from vgrpo_lib import Linear, Uniform, clipped_ratio_objective``);
+``__version__`` is the package version (the one source: ``pyproject.toml`` reads it).
 """
 
+__version__ = "0.1.0"  # the one source of the version: pyproject.toml reads it (setuptools dynamic attr)
+
 from vgrpo_lib.advantages import GroupAdvantage, group_advantage, group_statistics
+from vgrpo_lib.control import (
+    AdaptiveKLController,
+    Constant,
+    Cosine,
+    Linear,
+    OldPolicyDecay,
+    Piecewise,
+    SDEWindow,
+    Warmup,
+    ema_update_,
+    exceeds_kl,
+    set_learning_rate,
+)
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss, total_loss
+from vgrpo_lib.objectives import (
+    clip_fraction,
+    clip_fraction_active,
+    clipped_ratio_objective,
+    gaussian_kl_same_std,
+    kl_estimate,
+    nft_optimality,
+    ratio_diagnostics,
+    soft_clip,
+    x_space_kl,
+)
 from vgrpo_lib.paths import CosineVP, RectifiedFlow
 from vgrpo_lib.samplers import sample_dpmpp_2m, sample_euler, sample_heun, sample_ode, sample_sde, time_grid
+from vgrpo_lib.timesteps import (
+    DiscreteGrid,
+    GridSubset,
+    LogitNormal,
+    PiecewiseDensity,
+    Shifted,
+    Uniform,
+    make_timestep_sampler,
+)
 
 __all__ = [
+    "__version__",
     "ELBOSurrogate",
     "GroupAdvantage",
     "group_advantage",
@@ -40,4 +79,34 @@ __all__ = [
     "sample_dpmpp_2m",
     "sample_ode",
     "sample_sde",
+    # timesteps
+    "Uniform",
+    "LogitNormal",
+    "Shifted",
+    "DiscreteGrid",
+    "GridSubset",
+    "PiecewiseDensity",
+    "make_timestep_sampler",
+    # step control
+    "Constant",
+    "Linear",
+    "Cosine",
+    "Piecewise",
+    "Warmup",
+    "AdaptiveKLController",
+    "OldPolicyDecay",
+    "SDEWindow",
+    "exceeds_kl",
+    "set_learning_rate",
+    "ema_update_",
+    # objectives
+    "clipped_ratio_objective",
+    "clip_fraction",
+    "clip_fraction_active",
+    "soft_clip",
+    "kl_estimate",
+    "x_space_kl",
+    "gaussian_kl_same_std",
+    "ratio_diagnostics",
+    "nft_optimality",
 ]

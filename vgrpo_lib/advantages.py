@@ -245,6 +245,7 @@ class GroupAdvantage(TensorDictModuleBase):
         self.in_keys, self.out_keys = list(in_keys), list(out_keys)
 
     def compute(self, reward: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """Advantages ``[B]`` of ``reward`` ``[B]`` or ``[B, R]`` with prompt-group ids ``group`` ``[B]``."""
         return group_advantage(
             reward,
             group,

@@ -23,6 +23,8 @@ def _check_steps(name: str, steps: int) -> None:
 
 @dataclass(frozen=True)
 class Constant:
+    """``value`` at every step."""
+
     value: float
 
     def __call__(self, step: int) -> float:
@@ -93,6 +95,7 @@ class Warmup:
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Set the learning rate of every parameter group of ``optimizer`` to ``value`` (a schedule's value)."""
     for group in optimizer.param_groups:
         group["lr"] = value
 
@@ -110,14 +113,17 @@ class AdaptiveKLController:
         self.value, self.target, self.horizon = float(init_coef), float(target), horizon
 
     def update(self, measured_kl: float, num_steps: int = 1) -> float:
+        """Move the coefficient after ``num_steps`` steps whose KL was ``measured_kl``; returns the new value."""
         error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * num_steps / self.horizon
         return self.value
 
     def state_dict(self) -> dict:
+        """The current coefficient (what a resume needs)."""
         return {"value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.value = float(state["value"])
 
 

@@ -177,6 +177,7 @@ class VGRPOLoss(_PolicyLoss):
         return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
         sample = self._get(tensordict, "sample", "the generated samples")
         advantage = self._get(tensordict, "advantage", "the advantages")
         pairs = self._get(tensordict, "pairs", "the stored timestep-noise pairs")
@@ -295,6 +296,7 @@ class FlowGRPOLoss(_PolicyLoss):
         return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
         if tensordict.batch_size.numel() == 0:
             raise ValueError(f"The batch of transitions is empty (batch size {tuple(tensordict.batch_size)}).")
         batch = tensordict.reshape(-1)
@@ -437,6 +439,7 @@ class AWMLoss(_PolicyLoss):
         return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
         sample = self._get(tensordict, "sample", "the generated samples")
         advantage = self._get(tensordict, "advantage", "the advantages")
         pairs = self._get(tensordict, "pairs", "the timestep-noise pairs")
@@ -525,6 +528,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
         sample = self._get(tensordict, "sample", "the generated samples")
         advantage = self._get(tensordict, "advantage", "the advantages")
         pairs = self._get(tensordict, "pairs", "the timestep-noise pairs")

@@ -30,15 +30,19 @@ class Path:
     name = "path"
 
     def a(self, t: torch.Tensor) -> torch.Tensor:
+        """The data coefficient ``a_t``, elementwise (the shape of ``t``)."""
         raise NotImplementedError
 
     def b(self, t: torch.Tensor) -> torch.Tensor:
+        """The noise coefficient ``b_t``, elementwise (the shape of ``t``)."""
         raise NotImplementedError
 
     def da(self, t: torch.Tensor) -> torch.Tensor:
+        """``d a_t / dt``, elementwise (the shape of ``t``)."""
         raise NotImplementedError
 
     def db(self, t: torch.Tensor) -> torch.Tensor:
+        """``d b_t / dt``, elementwise (the shape of ``t``)."""
         raise NotImplementedError
 
     def add_noise(self, x: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ class TimestepSampler:
         raise NotImplementedError
 
     def uniforms(self, num_sets, num_pairs, *, generator=None, device=None, dtype=torch.float32):
+        """Uniforms ``[num_sets, num_pairs]`` in ``[0, 1)``: i.i.d., or one per stratum ``[k/K, (k+1)/K)`` of each
+        row when ``stratified``."""
         check_positive_int("num_pairs", num_pairs)
         u = torch.rand((num_sets, num_pairs), generator=generator, device=device, dtype=dtype)
         if self.stratified:
@@ -151,6 +153,8 @@ class PiecewiseDensity(TimestepSampler):
         return ((index + within.clamp(0.0, 1.0)) / q.numel()).to(u.dtype)
 
     def importance_weight(self, t: torch.Tensor) -> torch.Tensor:
+        """``1 / p(t)`` for timesteps drawn from this density (``t``'s shape): the weight that keeps a Monte-Carlo
+        average over ``t`` an unbiased estimate of the uniform-``t`` average."""
         q = self.probabilities.to(device=t.device)
         index = (t.to(torch.float64) * q.numel()).long().clamp_(0, q.numel() - 1)
         return (1.0 / (q.numel() * q[index])).to(t.dtype)

@@ -124,15 +124,27 @@ def read_prompts(source: str | os.PathLike | Sequence[str]) -> list[str]:
 class TotalReward(nn.Module):
     """A :class:`integrations.rewards.MultiReward` as a plain ``(B,)`` reward: its weighted sum ``total``.
 
-    ``components(images, prompts)`` gives the raw per-reward scores ``{name: (B,)}`` for evaluation.
+    ``stack(images, prompts)`` gives the raw scores ``(B, R)`` in ``names`` order with ``weights`` ``(R,)`` (the
+    trainer normalises them as ``advantage.multi_reward`` says), ``components`` the same as ``{name: (B,)}``.
     """
 
     def __init__(self, multi: nn.Module):
         super().__init__()
         self.multi = multi
 
+    @property
+    def names(self) -> list[str]:
+        return list(self.multi.names)
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.multi.weights
+
     def forward(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         return self.multi(images, prompts).total
+
+    def stack(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self.multi(images, prompts).per_reward
 
     def components(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
         per_reward = self.multi(images, prompts).per_reward

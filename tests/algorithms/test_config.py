@@ -1,10 +1,13 @@
 import json
+import re
+from dataclasses import fields
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.config import TrainConfig, apply_overrides, valid_keys
+from algorithms.cli import build_config
+from algorithms.config import ALGORITHMS, OPTIONS, AlgorithmSection, FlowGRPOConfig, TrainConfig, apply_overrides, valid_keys
 from algorithms.presets import preset_overrides
 
 
@@ -30,11 +33,14 @@ def test_overrides_are_typed(num_pairs, lr, soft_clip):
         ("nope=1", "Unknown config key 'nope'"),
         ("vgrpo.nope=1", "Unknown config key 'vgrpo.nope'"),
         ("nosection.lr=1", "Unknown config section 'nosection'"),
+        ("optim.lrr=1e-4", "Unknown config key 'optim.lrr'; did you mean optim.lr\\?$"),
+        ("optm.lr=1e-4", "Unknown config section 'optm'; did you mean optim\\?$"),
+        ("vgrpo.kl_coef=0.3", "Unknown config key 'vgrpo.kl_coef': renamed to vgrpo.behaviour_kl_coef"),
+        ("flow_grpo.adv_clip=5", "Unknown config key 'flow_grpo.adv_clip': renamed to advantage.clip"),
         ("optim.lr=fast", "expected float"),
         ("optim.lr=-1", "optim.lr must be > 0"),
         ("group_size=1", "group_size must be >= 2"),
         ("algo=ppo", "Unknown algorithm 'ppo'"),
-        ("flow_grpo.window_size=99", "window_size must be in 1..rollout.num_steps"),
         ("iterations", "must look like key=value"),
     ],
 )
@@ -43,13 +49,86 @@ def test_bad_overrides_name_the_problem(override, message):
         apply_overrides(TrainConfig(), [override])
 
 
-def test_every_valid_key_can_be_set_from_the_command_line():
-    config = TrainConfig()
+def test_an_unknown_key_gets_one_suggestion_not_the_list_of_every_key():
+    with pytest.raises(ValueError) as error:
+        apply_overrides(TrainConfig(), ["optim.lrr=1e-4"])
+    assert str(error.value) == "Unknown config key 'optim.lrr'; did you mean optim.lr?"
+    with pytest.raises(ValueError) as error:
+        apply_overrides(TrainConfig(), ["zzzz=1"])
+    assert "did you mean" not in str(error.value) and "optim.lr" not in str(error.value)
+    with pytest.raises(ValueError, match="Unknown config key 'optim.lrr'; did you mean optim.lr"):
+        TrainConfig.from_dict({"optim": {"lrr": 1e-4}})  # a config.json gets the same hint
+
+
+def owner(key: str) -> str:
+    """The first algorithm that reads the section of ``key`` (shared keys: vgrpo, which reads them all)."""
+    section = getattr(TrainConfig(), key.partition(".")[0], None)
+    return section.algorithms[0] if isinstance(section, AlgorithmSection) else "vgrpo"
+
+
+def test_every_valid_key_can_be_set_from_the_command_line_under_the_algorithm_that_uses_it():
     for key in valid_keys():
+        config = build_config(owner(key), None, "testbed", [])
         section, _, name = key.rpartition(".")
         value = getattr(getattr(config, section) if section else config, name)
         text = "none" if value is None else str(value)
-        assert apply_overrides(config, [f"{key}={text}"]) == config
+        assert apply_overrides(config, [f"{key}={text}"]) == config, key
+
+
+@pytest.mark.parametrize("algo", ["vgrpo", "flow_grpo", "diffusion_nft", "grpo_guard", "awm"])
+def test_a_key_of_another_algorithm_is_refused_naming_the_algorithms_that_use_it(algo):
+    config = build_config(algo, None, "testbed", [])
+    refused = 0
+    for key in valid_keys():
+        section = getattr(config, key.partition(".")[0], None)
+        if isinstance(section, AlgorithmSection) and algo not in section.algorithms:
+            value = getattr(section, key.partition(".")[2])
+            text = "none" if value is None else str(value)
+            users = " / ".join(section.algorithms)
+            # refused even at its default value: the user asked for something the run would ignore
+            with pytest.raises(ValueError, match=rf"^{re.escape(key)} is a setting of {users}, but algo={algo} "
+                                                 rf"does not use it; drop it, or train with algo={section.algorithms[0]}\.$"):
+                apply_overrides(config, [f"{key}={text}"])
+            refused += 1
+    assert refused > 10
+    # A section of another algorithm off its defaults is refused when the config is built (e.g. from a dict).
+    other = next(name for name in ("vgrpo", "diffusion_nft") if name != algo)
+    payload = json.loads(config.to_json())
+    assert other not in payload, "config.json holds only the chosen algorithm's section"
+    payload[other] = {"ref_kl_coef": 0.5}
+    with pytest.raises(ValueError, match=f"{other}.ref_kl_coef is a setting of {other}, but algo={algo}"):
+        TrainConfig.from_dict(payload)
+    payload[other] = {"ref_kl_coef": None}  # at its default it reads back (config.json files written with every section)
+    assert TrainConfig.from_dict(payload) == config
+
+
+def test_an_option_the_algorithm_ignores_is_refused_naming_the_algorithms_that_use_it():
+    message = ("rollout.solver is not used by flow_grpo (its rollout is its own SDE sampler); it is used by vgrpo, "
+               "diffusion_nft, fpo, awm.")
+    for solver in ("heun", "euler"):  # euler is the default: refused all the same when set
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            build_config("flow_grpo", None, "testbed", [f"rollout.solver={solver}"])
+    assert "solver" not in json.loads(build_config("flow_grpo", None, "testbed", []).to_json())["rollout"]
+    assert build_config("diffusion_nft", None, "testbed", ["rollout.solver=heun"]).rollout.solver == "heun"
+    with pytest.raises(ValueError, match="rollout.solver is not used by flow_grpo"):
+        apply_overrides(TrainConfig(), ["rollout.solver=heun", "algo=flow_grpo"])  # whatever the order
+    # Flow-GRPO-Fast reads flow_grpo.* but its branching window replaces MixGRPO's window and the step fraction.
+    with pytest.raises(ValueError, match=re.escape(
+            "flow_grpo.window_size is not used by flow_grpo_fast (its branching window chooses the trained steps); "
+            "it is used by flow_grpo, grpo_guard.")):
+        build_config("flow_grpo_fast", None, "testbed", ["flow_grpo.window_size=2"])
+    assert build_config("grpo_guard", None, "testbed", ["flow_grpo.noise_level=0.5"]).flow_grpo.noise_level == 0.5
+
+
+def test_an_algorithm_section_is_one_dataclass_and_one_field():
+    """ALGORITHMS, the --algo choices and OPTIONS are read from TrainConfig's AlgorithmSection fields and the
+    fields' metadata; the registry of algorithm classes covers the same names."""
+    from algorithms.registry import ALGORITHM_CLASSES
+
+    sections = [getattr(TrainConfig(), f.name) for f in fields(TrainConfig)]
+    assert set(ALGORITHMS) == {a for s in sections if isinstance(s, AlgorithmSection) for a in s.algorithms}
+    assert set(ALGORITHMS) == set(ALGORITHM_CLASSES)
+    assert OPTIONS["flow_grpo.kl_form"] == FlowGRPOConfig.__dataclass_fields__["kl_form"].metadata["choices"]
 
 
 def test_presets_apply_and_unknown_preset_is_refused():
@@ -124,3 +203,12 @@ def test_diffusion_nft_needs_an_advantage_clip_for_its_normalisation():
         apply_overrides(TrainConfig(), ["algo=diffusion_nft"])
     config = apply_overrides(TrainConfig(), ["algo=diffusion_nft", "advantage.clip=5"])
     assert config.advantage.clip == 5.0
+
+
+def test_cross_key_rules_of_the_chosen_algorithm_name_the_keys():
+    with pytest.raises(ValueError, match="flow_grpo.window_size must be in 1..rollout.num_steps=10, got 99"):
+        apply_overrides(TrainConfig(), ["algo=flow_grpo", "flow_grpo.window_size=99"])
+    with pytest.raises(ValueError, match="flow_grpo.timestep_fraction must leave at least one of rollout.num_steps=2"):
+        apply_overrides(TrainConfig(), ["algo=flow_grpo", "rollout.num_steps=2", "flow_grpo.timestep_fraction=0.3"])
+    with pytest.raises(ValueError, match="optim.minibatches and optim.minibatch_size both set"):
+        apply_overrides(TrainConfig(), ["optim.minibatches=2", "optim.minibatch_size=8"])

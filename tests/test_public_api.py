@@ -1,0 +1,71 @@
+"""The public API: what ``vgrpo_lib`` exports, its version, and a docstring on every public class and function."""
+
+import importlib
+import inspect
+import pkgutil
+import re
+import tomllib
+from pathlib import Path
+
+import vgrpo_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("vgrpo_lib", "algorithms")
+
+
+def public_modules():
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        yield module
+        for info in pkgutil.iter_modules(module.__path__):
+            if not info.name.startswith("_"):
+                yield importlib.import_module(f"{package}.{info.name}")
+
+
+def undocumented(obj) -> bool:
+    """A class needs its own docstring (not its base's); a method may inherit the one of the method it overrides."""
+    doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)
+    # A dataclass without a docstring gets its signature as __doc__: "Name(field: type = ...)".
+    return not doc or (inspect.isclass(obj) and doc.startswith(f"{obj.__name__}("))
+
+
+def test_every_public_class_and_function_has_a_docstring():
+    missing = []
+    for module in public_modules():
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                if undocumented(obj):
+                    missing.append(f"{module.__name__}.{name}")
+            if inspect.isclass(obj):
+                for method_name, method in vars(obj).items():
+                    # inspect.getdoc falls back to the overridden base method's docstring
+                    if not method_name.startswith("_") and inspect.isfunction(method) and undocumented(getattr(obj, method_name)):
+                        missing.append(f"{module.__name__}.{name}.{method_name}")
+    assert not missing, f"no docstring: {', '.join(missing)}"
+
+
+def test_the_package_exports_the_timesteps_control_and_objectives_pieces():
+    from vgrpo_lib import control, objectives, timesteps
+
+    for module, names in (
+        (timesteps, ["Uniform", "LogitNormal", "Shifted", "DiscreteGrid", "GridSubset", "PiecewiseDensity",
+                     "make_timestep_sampler"]),
+        (control, ["Constant", "Linear", "Cosine", "Piecewise", "Warmup", "AdaptiveKLController", "OldPolicyDecay",
+                   "SDEWindow", "exceeds_kl", "set_learning_rate", "ema_update_"]),
+        (objectives, ["clipped_ratio_objective", "clip_fraction", "clip_fraction_active", "soft_clip", "kl_estimate",
+                      "x_space_kl", "gaussian_kl_same_std", "ratio_diagnostics", "nft_optimality"]),
+    ):
+        for name in names:
+            assert getattr(vgrpo_lib, name) is getattr(module, name), name
+            assert name in vgrpo_lib.__all__, name
+    assert all(hasattr(vgrpo_lib, name) for name in vgrpo_lib.__all__)
+
+
+def test_the_version_has_one_source():
+    """pyproject.toml reads the version from vgrpo_lib.__version__ (setuptools' dynamic attr), nowhere else."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "vgrpo_lib.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", vgrpo_lib.__version__)
