@@ -7,6 +7,10 @@
     vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz     (the base policy)
     vgrpo sample --run RUN_DIR --per-prompt N --seed S --out FILE.npz              (a trained policy)
     vgrpo eval --run RUN_DIR
+
+An expected failure prints one line, ``vgrpo COMMAND: error: ...``, and exits with its own code (see
+:mod:`algorithms.errors`: 2 usage or configuration, 3 run directory refused, 4 damaged file, 5 disk full / read-only
+/ no permission, 6 the policy diverged or the reward failed); an unexpected error keeps its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ import numpy as np
 import torch
 
 from algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
+from algorithms.errors import (
+    EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
+    RunDirError, UsageError, filesystem_message,
+)
 from algorithms.presets import PRESETS, preset_overrides, task_overrides
 from algorithms.run_dir import RunDir, atomic_write_bytes
 from algorithms.tasks import load_task, task_names
 from integrations.task_registry import resolve_task_name
-from algorithms.trainer import Trainer
+from algorithms.trainer import RewardError, Trainer
 from integrations.distributed import init_from_env
+from integrations.rewards.loading import MissingWeightsError
 
 
 def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
@@ -41,10 +50,13 @@ def build_config(algo: str, task: str | None, preset: str, overrides: list[str])
 def load_run_policy(run_dir: str | Path):
     """The config, task and trained policy (newest valid checkpoint) of a run directory."""
     run = RunDir(run_dir)
-    config = TrainConfig.from_dict(run.read_config())
+    try:
+        config = TrainConfig.from_dict(run.read_config())
+    except (TypeError, ValueError) as error:
+        raise DamagedFileError(f"{run.config_path} is not a valid run config: {error}") from error
     state = run.load_latest_checkpoint()
     if state is None:
-        raise FileNotFoundError(f"{run.root} has no loadable checkpoint.")
+        raise RunDirError(f"{run.root} has no checkpoint yet.")
     task = load_task(config.task, config.model)
     policy = task.load_policy()
     policy.load_state_dict(state["policy"])
@@ -53,7 +65,7 @@ def load_run_policy(run_dir: str | Path):
 
 def _train(args) -> int:
     if args.resume and (args.overrides or args.task or args.algo_given):
-        raise SystemExit("--resume continues a run with its saved config; drop --algo/--task/overrides.")
+        raise UsageError("--resume continues a run with its saved config; drop --algo/--task/overrides.")
     with init_from_env() as shard:  # joins the process group under torchrun; a no-op otherwise
         if args.resume:
             trainer = Trainer.resume(args.out)
@@ -62,7 +74,9 @@ def _train(args) -> int:
         evaluations = trainer.train()
         del trainer  # its DDP wrapper must go before the process group (see integrations.distributed.shutdown)
     if shard.is_main:
-        print_evaluation_table(evaluations[0], evaluations[-1])
+        # The base column is the iteration-0 evaluation; a resumed run whose eval.jsonl lost it has none.
+        base = evaluations[0] if evaluations and evaluations[0]["iteration"] == 0 else None
+        print_evaluation_table(base, evaluations[-1])
         print(f"run directory: {args.out}")
     return 0
 
@@ -70,10 +84,10 @@ def _train(args) -> int:
 def _sample(args) -> int:
     if args.run:
         if args.preset is not None or args.overrides:
-            raise SystemExit("--preset and overrides apply to the base policy; a --run samples with its saved config.")
+            raise UsageError("--preset and overrides apply to the base policy; a --run samples with its saved config.")
         config, task, policy = load_run_policy(args.run)
         if args.task and resolve_task_name(args.task, config.task.split("/")[0]) != config.task:
-            raise SystemExit(f"--task {args.task} does not match the run's task {config.task}.")
+            raise UsageError(f"--task {args.task} does not match the run's task {config.task}.")
     else:
         config = build_config("vgrpo", args.task, args.preset or "testbed", args.overrides)
         task = load_task(config.task, config.model)
@@ -120,12 +134,15 @@ def _eval(args) -> int:
     return 0
 
 
-def print_evaluation_table(base: dict, trained: dict) -> None:
-    """Side-by-side table of the base policy's and the trained policy's evaluation."""
+def print_evaluation_table(base: dict | None, trained: dict) -> None:
+    """Side-by-side table of the base policy's and the trained policy's evaluation (base "n/a" when None)."""
     keys = ["reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"]
     print(f"{'metric':<22}{'base':>10}{'trained':>10}")
-    for key in [k for k in keys if k in base and k in trained]:  # diffusers tasks have no accuracy / judge
-        print(f"{key:<22}{base[key]:>10.3f}{trained[key]:>10.3f}")
+    for key in [k for k in keys if k in trained]:  # diffusers tasks have no accuracy / judge
+        before = f"{base[key]:>10.3f}" if base is not None and key in base else f"{'n/a':>10}"
+        print(f"{key:<22}{before}{trained[key]:>10.3f}")
+    if base is None:
+        print("(no base evaluation in eval.jsonl; `vgrpo eval --run RUN_DIR` computes one)")
     per_prompt = trained.get("accuracy_per_prompt", {})
     if per_prompt and len(per_prompt) <= 20:
         print("accuracy per prompt: " + ", ".join(f"{k}: {v:.2f}" for k, v in per_prompt.items()))
@@ -182,12 +199,33 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
         args.algo = args.algo or "vgrpo"
 
     if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
-        raise SystemExit("--per-prompt must be >= 1.")
+        raise UsageError("--per-prompt must be >= 1.")
     try:
+        if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
+            raise UsageError("--per-prompt must be >= 1.")
         return args.handler(args)
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as error:
-        print(f"vgrpo {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:
+        reported = expected_error(error)
+        if reported is None:
+            raise  # a bug or a machine failure (e.g. out of memory): its traceback is what helps
+        code, line = reported
+        print(f"vgrpo {args.command}: error: {line}", file=sys.stderr)
+        return code
+
+
+def expected_error(error: Exception) -> tuple[int, str] | None:
+    """The exit code and one-line message of an expected failure (see :mod:`algorithms.errors`), or None."""
+    if isinstance(error, RunDirError):
+        return EXIT_RUN_DIR, str(error)
+    if isinstance(error, DamagedFileError):
+        return EXIT_DAMAGED, str(error)
+    if isinstance(error, (DivergenceError, RewardError)):
+        return EXIT_TRAINING, str(error)
+    if isinstance(error, OSError) and filesystem_message(error):
+        return EXIT_FILESYSTEM, filesystem_message(error)
+    if isinstance(error, (ValueError, MissingWeightsError, FileNotFoundError)):  # arguments, config, paths
+        return EXIT_USAGE, str(error)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,35 +1,48 @@
-"""A run directory: config, metrics, plots and checkpoints, all written atomically.
+"""A run directory: config, metrics, plots and checkpoints, all written atomically, used by one run at a time.
 
-    RUN_DIR/config.json            the full TrainConfig
+    RUN_DIR/.lock                  the run's lock: held (flock) by the live process, which wrote "pid P host H"
+    RUN_DIR/config.json            the full TrainConfig, plus the run's ``run_id``
     RUN_DIR/metrics.csv            one row per iteration (training metrics and costs)
     RUN_DIR/eval.csv               one row per evaluation (held-out seeds, CFG-free)
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
-    RUN_DIR/checkpoints/iter_NNNNNN.pt   policy, optimizer, algorithm state, RNG streams (newest two kept)
+    RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
+    RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id
     RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: TensorBoard when installed, else CSV)
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
-moment leaves either the old or the new version. Checkpoints hold only tensors and plain Python values and
-are read back with ``torch.load(weights_only=True)``; a checkpoint that fails to load falls back to the
-previous one with a warning.
+moment leaves either the old or the new version; a run removes the temporary files of killed writes when it
+starts. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its bytes
+have the manifest's SHA-256 and its run_id is the run's: a damaged or unverifiable one is reported by name and the
+previous one used, a checkpoint of another run is refused. Checkpoints hold only tensors and plain Python values
+and are read back with ``torch.load(weights_only=True)``.
+
+The lock (:meth:`RunDir.lock`) is an ``fcntl.flock`` on ``.lock``: the kernel releases it when its process dies,
+so the lock of a killed run is never in the way (its leftover "pid host" line is reported as stale and replaced).
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
+import hashlib
 import io
 import json
 import os
+import socket
+import uuid
 import warnings
 from pathlib import Path
 
 import torch
 
-from integrations.atomic import atomic_write_bytes, atomic_write_text
+from algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
+from integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
 
 __all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
 
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
+LOCK_NAME = ".lock"
 
 
 def pyplot():
@@ -62,88 +75,278 @@ def rows_to_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
-def read_csv(path: Path) -> list[dict]:
-    """Rows of a metrics CSV with numbers parsed (empty cells dropped)."""
+def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a metrics CSV with numbers parsed (empty cells dropped); every row must have a number in each
+    ``required`` column. A file that is not such a CSV raises :class:`DamagedFileError` naming it and the line."""
     if not path.exists():
         return []
-    with open(path, newline="") as handle:
-        return [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]
+    try:
+        with open(path, newline="") as handle:
+            rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle, strict=True)]
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise DamagedFileError(f"{path} is not a readable CSV file ({error}).") from error
+    for line, row in enumerate(rows, start=2):
+        if None in row:
+            raise DamagedFileError(f"{path} is damaged: line {line} has more cells than the header.")
+        for column in required:
+            if not isinstance(row.get(column), (int, float)):
+                raise DamagedFileError(f"{path} is damaged: line {line} has no number in column {column!r}.")
+    return rows
 
 
-def _number(text: str):
+def _number(text: str | None):
+    if text is None:  # a short row: DictReader fills the missing cells with None
+        return text
     try:
         value = float(text)
-    except ValueError:
+    except (TypeError, ValueError):
         return text
     return int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
 
 
+def _read_json(path: Path, what: str):
+    """``path`` parsed as JSON; :class:`DamagedFileError` naming the file and the problem otherwise."""
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DamagedFileError(f"{path} ({what}) is not valid JSON: {error}.") from error
+
+
+def new_run_id() -> str:
+    """A random id that tells this run's files from another run's (from ``os.urandom``: no RNG stream is used)."""
+    return uuid.uuid4().hex
+
+
 class RunDir:
-    """Paths and atomic I/O of one run."""
+    """Paths, lock and atomic I/O of one run."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.checkpoints = self.root / "checkpoints"
+        self._lock_handle = None
 
     @property
     def config_path(self) -> Path:
         return self.root / "config.json"
 
+    @property
+    def lock_path(self) -> Path:
+        return self.root / LOCK_NAME
+
     def exists(self) -> bool:
         """Whether the directory already holds a run (its ``config.json``)."""
         return self.config_path.exists()
 
-    def write_config(self, config_json: str) -> None:
-        """Write ``config.json`` atomically."""
-        atomic_write_text(self.config_path, config_json + "\n")
+    # -- who may use the folder --------------------------------------------------------------------------
+
+    def lock_holder(self) -> str | None:
+        """"pid P host H" of the live process holding the lock, or None when no process holds it (nothing is
+        written: the lock file is only opened for reading)."""
+        try:
+            handle = open(self.lock_path)
+        except FileNotFoundError:
+            return None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "a process that has not written its pid yet"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
+    def _in_use_error(self, holder: str) -> RunDirInUse:
+        return RunDirInUse(f"{self.root} is in use by another run ({holder}, lock file {self.lock_path}); "
+                           f"wait for it to finish or choose another --out.")
+
+    def refuse_unless_fresh(self) -> None:
+        """Raise unless a new run may start in ``root``: it must not exist, or be empty (the lock file and the
+        temporary files of killed writes aside). Writes nothing."""
+        if not self.root.exists():
+            return
+        if not self.root.is_dir():
+            raise RunDirError(f"--out {self.root} exists and is not a folder.")
+        holder = None if self._lock_handle is not None else self.lock_holder()  # not us
+        if holder is not None:
+            raise self._in_use_error(holder)
+        if self.exists():
+            raise RunDirExists(f"{self.root} already holds a run; resume it with --resume or choose another --out.")
+        found = sorted(p.name + ("/" if p.is_dir() else "") for p in self.root.iterdir() if not self._ours(p))
+        if found:
+            shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+            raise RunDirError(f"{self.root} is not empty and is not a run directory (it holds {shown}); "
+                              f"choose a new or empty folder for --out.")
+
+    def _ours(self, path: Path) -> bool:
+        """The lock file, and temporary files of killed writes: what a run killed before its config leaves."""
+        return path.name == LOCK_NAME or path.match(TEMP_GLOB)
+
+    def lock(self) -> None:
+        """Take the run's exclusive lock for this process (until :meth:`unlock` or the process's death), writing
+        "pid P host H" into it; another live holder makes this raise :class:`RunDirInUse` naming it."""
+        if self._lock_handle is not None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.lock_path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process that has not written its pid yet"
+            handle.close()
+            raise self._in_use_error(holder) from None
+        handle.seek(0)
+        stale = handle.read().strip()
+        if stale:
+            warnings.warn(f"{self.lock_path}: the previous holder ({stale}) is gone without releasing it "
+                          f"(killed?); taking it over.")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} host {socket.gethostname()}\n")
+        handle.flush()
+        self._lock_handle = handle
+
+    def unlock(self) -> None:
+        """Release the lock (its file is left empty: a later run finds no stale holder)."""
+        if self._lock_handle is None:
+            return
+        self._lock_handle.truncate(0)
+        self._lock_handle.flush()
+        fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
+        self._lock_handle.close()
+        self._lock_handle = None
+
+    def remove_leftovers(self) -> list[Path]:
+        """Delete the temporary files of killed writes and manifests without their checkpoint (call under the
+        lock); returns what was removed."""
+        leftovers = [*self.root.glob(TEMP_GLOB), *self.checkpoints.glob(TEMP_GLOB)]
+        leftovers += [m for m in self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.json") if not m.with_suffix(".pt").exists()]
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+        return leftovers
+
+    # -- config and tables -------------------------------------------------------------------------------
+
+    def write_config(self, config_json: str, run_id: str) -> None:
+        data = json.loads(config_json) | {"run_id": run_id}
+        atomic_write_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def read_config(self) -> dict:
-        """The saved config as a dict (FileNotFoundError naming the directory when it is not a run)."""
+        """The saved TrainConfig as a dict (without the run id: see :meth:`run_id`)."""
+        config = dict(self._config_file())
+        config.pop("run_id", None)
+        return config
+
+    def run_id(self) -> str:
+        run_id = self._config_file().get("run_id")
+        if not isinstance(run_id, str):
+            raise DamagedFileError(f"{self.config_path} has no run_id (written by an older vgrpo-lib, or edited): "
+                                   f"its checkpoints cannot be told from another run's.")
+        return run_id
+
+    def _config_file(self) -> dict:
         if not self.config_path.exists():
-            raise FileNotFoundError(f"{self.root} is not a run directory: no config.json.")
-        return json.loads(self.config_path.read_text())
+            raise RunDirError(f"{self.root} is not a run directory: no config.json.")
+        data = _read_json(self.config_path, "the run's config")
+        if not isinstance(data, dict):
+            raise DamagedFileError(f"{self.config_path} is damaged: it holds a JSON {type(data).__name__}, not an object.")
+        return data
 
     def write_rows(self, name: str, rows: list[dict]) -> None:
         """Write ``rows`` as the CSV file ``name`` atomically."""
         atomic_write_text(self.root / name, rows_to_csv(rows))
 
     def read_rows(self, name: str) -> list[dict]:
-        """The rows of the CSV file ``name`` (numbers parsed)."""
-        return read_csv(self.root / name)
+        """The rows of a run table (each with a numeric ``iteration``)."""
+        return read_csv(self.root / name, required=("iteration",))
 
     def write_jsonl(self, name: str, records: list[dict]) -> None:
         """Write ``records`` as JSON lines to ``name`` atomically."""
         atomic_write_text(self.root / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
     def read_jsonl(self, name: str) -> list[dict]:
-        """The records of the JSON-lines file ``name`` (none when it does not exist)."""
+        """The records of a JSON-lines table (each an object with a numeric ``iteration``)."""
         path = self.root / name
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if not path.exists():
+            return []
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError as error:
+            raise DamagedFileError(f"{path} is not a text file ({error}).") from error
+        records = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DamagedFileError(f"{path} is damaged: line {number} is not valid JSON ({error}).") from error
+            if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+                raise DamagedFileError(f"{path} is damaged: line {number} is not a record with an integer iteration.")
+            records.append(record)
+        return records
+
+    # -- checkpoints -------------------------------------------------------------------------------------
 
     def checkpoint_paths(self) -> list[Path]:
         """Existing checkpoints, oldest first."""
         return sorted(self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt"))
 
-    def save_checkpoint(self, iteration: int, state: dict) -> Path:
-        """Write ``state`` as the checkpoint of ``iteration`` atomically; returns its path."""
+    def save_checkpoint(self, iteration: int, state: dict, run_id: str) -> Path:
+        """Write ``state`` (with ``run_id``) as checkpoint ``iteration``: its manifest first, then the checkpoint,
+        then the checkpoints beyond the newest ``KEEP_CHECKPOINTS`` are deleted."""
         buffer = io.BytesIO()
-        torch.save(state, buffer)
+        torch.save({**state, "run_id": run_id}, buffer)
+        data = buffer.getvalue()
         path = self.checkpoints / f"{CHECKPOINT_PREFIX}{iteration:06d}.pt"
-        atomic_write_bytes(path, buffer.getvalue())
+        manifest = {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                    "iteration": iteration, "run_id": run_id}
+        atomic_write_text(path.with_suffix(".json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        atomic_write_bytes(path, data)
         for old in self.checkpoint_paths()[:-KEEP_CHECKPOINTS]:
             old.unlink()
+            old.with_suffix(".json").unlink(missing_ok=True)
         return path
 
-    def load_latest_checkpoint(self) -> dict | None:
-        """The newest checkpoint that loads; a broken one is reported and the previous one used."""
+    def load_latest_checkpoint(self, run_id: str | None = None) -> dict | None:
+        """The newest usable checkpoint (see :meth:`newest_checkpoint`) loaded, or None when there is none."""
+        run_id = self.run_id() if run_id is None else run_id
+        path = self.newest_checkpoint(run_id)
+        return None if path is None else self.load_checkpoint(path, run_id)
+
+    def newest_checkpoint(self, run_id: str) -> Path | None:
+        """The newest checkpoint that is intact (the SHA-256 of its manifest) and loads; a damaged one is reported
+        by name and the previous one used. None when there is no checkpoint file at all; :class:`RunDirError`
+        when there are some and none is usable, or when one belongs to another run than ``run_id``."""
+        problems = []
         for path in reversed(self.checkpoint_paths()):
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as error:  # a truncated or corrupted file: fall back to the previous one
-                warnings.warn(f"Checkpoint {path} could not be loaded ({error}); falling back to an older one.")
-                continue
-            if not isinstance(state, dict) or "iteration" not in state:
-                warnings.warn(f"Checkpoint {path} is not a training checkpoint; falling back to an older one.")
-                continue
-            return state
+                self.load_checkpoint(path, run_id)
+                return path
+            except DamagedFileError as error:
+                warnings.warn(f"Checkpoint {path} could not be loaded: {error}; falling back to an older one.")
+                problems.append(f"{path.name}: {error}")
+        if problems:
+            raise RunDirError(f"{self.checkpoints} has no usable checkpoint ({'; '.join(problems)}).")
         return None
+
+    def load_checkpoint(self, path: Path, run_id: str) -> dict:
+        """Checkpoint ``path`` verified against its manifest and ``run_id`` (:class:`DamagedFileError` or
+        :class:`RunDirError` saying what is wrong)."""
+        manifest_path = path.with_suffix(".json")
+        if not manifest_path.exists():
+            raise DamagedFileError(f"its manifest {manifest_path.name} is missing, so it cannot be verified")
+        manifest = _read_json(manifest_path, "a checkpoint manifest")
+        if not isinstance(manifest, dict) or not {"sha256", "run_id"} <= manifest.keys():
+            raise DamagedFileError(f"its manifest {manifest_path.name} is damaged")
+        if manifest["run_id"] != run_id:
+            raise RunDirError(f"Checkpoint {path} belongs to run {manifest['run_id']}, not to this folder's run "
+                              f"{run_id} (config.json): the folder mixes two runs; refusing to resume it.")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise DamagedFileError(f"its SHA-256 is not the one in {manifest_path.name} ({len(data)} bytes, "
+                                   f"{manifest.get('bytes')} written): the file is damaged")
+        try:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as error:  # intact bytes that torch cannot read (not a checkpoint of this format)
+            raise DamagedFileError(f"torch cannot read it ({type(error).__name__}: {error})") from error
+        if not isinstance(state, dict) or "iteration" not in state or state.get("run_id") != run_id:
+            raise DamagedFileError("it is not a training checkpoint of this run")
+        return state

@@ -8,8 +8,11 @@
 
 Costs are measured per phase (rollout, reward, prepare, update) and model evaluations are counted per sample
 (see :meth:`algorithms.base.Algorithm.nfe`). A gradient step whose loss or gradient is not finite is skipped
-(weights and optimizer untouched) and counted; ``optim.max_nonfinite_steps`` in a row abort the run.
-Checkpoints carry every RNG stream, so ``resume`` continues exactly.
+(weights and optimizer untouched) and counted; ``optim.max_nonfinite_steps`` in a row abort the run, as do
+non-finite weights or optimizer state after a step, non-finite samples and a non-finite evaluation
+(:class:`~algorithms.errors.DivergenceError`: a non-finite state is never saved). Checkpoints carry every RNG stream
+(:mod:`algorithms.rng`) and evaluation runs on its own streams, so ``resume`` continues exactly. A run holds its
+run directory's lock while it trains (:class:`algorithms.run_dir.RunDir`).
 
 Launched with torchrun, every process trains its block of whole prompt groups of the global batch and DDP
 (``distributed.strategy=ddp``) or FSDP2 (``fsdp2``) averages the gradients; rank 0 alone evaluates and writes
@@ -19,6 +22,7 @@ files, checkpoints hold full state dicts (see :mod:`integrations.distributed`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import nullcontext
 import warnings
@@ -29,14 +33,19 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacem
 from tqdm.auto import tqdm
 
 from algorithms.config import TrainConfig, schedule_targets
+from algorithms.errors import DamagedFileError, DivergenceError
 from algorithms.policies import Policies, WeightEMA, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
-from algorithms.run_dir import RunDir, pyplot, save_figure
+from algorithms.rng import isolated_rng, rng_state, seed_everything, set_rng_state
+from algorithms.run_dir import RunDir, new_run_id, pyplot, save_figure
 from algorithms.step_control import StepControl
 from algorithms.tasks import load_task, repeat_each, rollout_grid
 from integrations.distributed import (
     Shard,
+    all_finite,
     all_reduce_metrics,
+    barrier,
+    decided_by_main,
     full_tensor,
     gradient_sync,
     is_sharded,
@@ -89,9 +98,10 @@ class Trainer:
         shard_groups(config.prompts_per_iteration, self.shard.world_size, self.shard.rank)  # raises unless divisible
         if config.optim.minibatch_size is not None:
             self.shard.check_divisible("optim.minibatch_size", config.optim.minibatch_size)
-        if self.run.exists() and not _resuming:
-            raise FileExistsError(f"{self.run.root} already holds a run; resume it with --resume or choose another --out.")
-        torch.manual_seed(config.seed)
+        if not _resuming:  # decided by rank 0, which alone writes; nothing is written before train()
+            decided_by_main(self.run.refuse_unless_fresh)
+        self.run_id, self._resuming = new_run_id(), _resuming
+        seed_everything(config.seed)
         self.task = load_task(config.task, config.model)
         self.policy = self.task.load_policy()
         algorithm_class = ALGORITHM_CLASSES[config.algo]
@@ -134,13 +144,43 @@ class Trainer:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, progress: bool = True) -> Trainer:
+        """Continue the run in ``run_dir`` from its newest intact checkpoint of this run (taking its lock), or from
+        iteration 0 when it was stopped before its first checkpoint."""
         run = RunDir(run_dir)
-        trainer = cls(TrainConfig.from_dict(run.read_config()), run_dir, progress=progress, _resuming=True)
-        state = run.load_latest_checkpoint()
-        if state is None:
-            raise FileNotFoundError(f"{run.root} has no loadable checkpoint to resume from.")
-        trainer._load_state(state)
+        try:
+            config = TrainConfig.from_dict(run.read_config())
+        except (TypeError, ValueError) as error:
+            raise DamagedFileError(f"{run.config_path} is not a valid run config: {error}") from error
+        trainer = cls(config, run_dir, progress=progress, _resuming=True)
+        trainer.run_id = decided_by_main(trainer.run.run_id)
+        trainer._take_lock()
+        try:
+            found = decided_by_main(lambda: trainer.run.newest_checkpoint(trainer.run_id))
+            if found is None:
+                warnings.warn(f"{run.root} has no checkpoint yet (stopped before the first): restarting it from "
+                              f"iteration 0.")
+            else:
+                trainer._load_state(trainer.run.load_checkpoint(found, trainer.run_id))
+        except BaseException:
+            trainer.run.unlock()
+            raise
         return trainer
+
+    def _take_lock(self) -> None:
+        """Rank 0 takes the run directory's lock (a new run checks again that the folder is fresh, now under the
+        lock) and removes the temporary files of killed writes; every rank raises if it could not."""
+
+        def take() -> None:
+            self.run.lock()
+            try:
+                if not self._resuming and self.iteration == 0:
+                    self.run.refuse_unless_fresh()
+                self.run.remove_leftovers()
+            except BaseException:
+                self.run.unlock()
+                raise
+
+        decided_by_main(take)
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -153,7 +193,7 @@ class Trainer:
             "optimizer": optimizer_state_dict(self.policy, self.optimizer),
             "algorithm": self.algorithm.state_dict(),
             "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": rng_state(),
             "counters": dict(self.counters),
             "step_control": self.control.state_dict(),
             **({} if self.ema is None else {"ema": self.ema.state_dict()}),
@@ -165,7 +205,7 @@ class Trainer:
         load_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
+        set_rng_state(state["rng"])
         self.counters = {**self.counters, **state["counters"]}  # counters added since the checkpoint start at 0
         self.control.load_state_dict(state.get("step_control", {}))
         if self.ema is not None:
@@ -231,6 +271,7 @@ class Trainer:
                 grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm))
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
+                    self._check_finite_state()
                     self.counters["grad_steps"] += 1
                     self.counters["nonfinite_in_a_row"] = 0
                     if self.ema is not None:
@@ -240,14 +281,25 @@ class Trainer:
                     self.counters["skipped_steps"] += 1
                     self.counters["nonfinite_in_a_row"] += 1
                     if self.counters["nonfinite_in_a_row"] >= optim.max_nonfinite_steps:
-                        raise FloatingPointError(
-                            f"{self.counters['nonfinite_in_a_row']} gradient steps in a row had a non-finite loss or "
-                            f"gradient (iteration {self.iteration}); lower optim.lr or check the reward."
+                        raise DivergenceError(
+                            f"The policy diverged: {self.counters['nonfinite_in_a_row']} gradient steps in a row had a "
+                            f"non-finite loss or gradient (iteration {self.iteration}); lower optim.lr or check the reward."
                         )
                 outputs.append({k: v.detach() for k, v in losses.items()} | {"grad_norm": grad_norm.detach()})
         keys = list(outputs[0])
         steps = torch.stack([torch.stack([o[key].float() for key in keys]) for o in outputs])  # [steps, keys]
         return dict(zip(keys, all_reduce_metrics(steps, keys).mean(0).tolist()))  # global values (processes combined)
+
+    def _check_finite_state(self) -> None:
+        """Raise :class:`DivergenceError` unless the weights and the optimizer state are finite (after a step)."""
+        state = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+        tensors = [p for group in self.optimizer.param_groups for p in group["params"]] + state
+        if not all_finite(tensors):
+            raise DivergenceError(
+                f"The policy diverged: its weights or optimizer state are not finite after gradient step "
+                f"{self.counters['grad_steps'] + 1} (iteration {self.iteration}, optim.lr={self.config.optim.lr:g}); "
+                f"nothing of this state was saved. Lower optim.lr."
+            )
 
     def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
         """Backpropagate the loss of ``minibatch``, in micro-batches of ``optim.micro_batch_size`` rows when set
@@ -283,6 +335,7 @@ class Trainer:
         with self._autocast():
             batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
         rolled = clock()
+        check_finite_images(batch["sample"], f"the training samples of iteration {self.iteration}")
         batch["reward"] = self._reward(self.task.decode(batch["sample"]), prompts)
         # The global batch's rewards on every rank (B floats, or [B, R]): advantages and logged statistics are global.
         scores, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
@@ -337,13 +390,18 @@ class Trainer:
         written as a sample grid by rank 0. Under FSDP2 every rank must call it (the sharded policy's forwards are
         collectives); the other ranks only take part in the sampling and return None."""
         e = self.config.eval
-        prompts = self.task.eval_prompts(e.per_prompt)
-        generator = torch.Generator().manual_seed(e.seed)
-        with nullcontext() if self.ema is None else self.ema.swapped_in():
-            images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
-        if not self.shard.is_main:
-            return None
-        result = self.task.evaluate(images, prompts)
+        with isolated_rng(e.seed):  # the global streams: untouched by evaluation, and the same at every evaluation
+            prompts = self.task.eval_prompts(e.per_prompt)
+            generator = torch.Generator().manual_seed(e.seed)
+            with nullcontext() if self.ema is None else self.ema.swapped_in():
+                images = self.task.sample(self.policy, prompts, num_steps=e.num_steps, generator=generator)
+            check_finite_images(images, f"the evaluation samples of iteration {self.iteration}")
+            if not self.shard.is_main:
+                return None
+            result = self.task.evaluate(images, prompts)
+        bad = sorted(k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v))
+        if bad:
+            raise DivergenceError(f"The evaluation at iteration {self.iteration} is not finite ({', '.join(bad)}).")
         result.update(
             iteration=self.iteration,
             train_seconds=self.counters["train_seconds"],
@@ -377,37 +435,52 @@ class Trainer:
         until = c.iterations if until is None else min(until, c.iterations)
         main = self.shard.is_main
         evaluates = main or is_sharded(self.policy)
+        self._take_lock()
+        try:
+            return self._train(until, main, evaluates)
+        finally:
+            self.run.unlock()
+
+    def _train(self, until: int, main: bool, evaluates: bool) -> list[dict]:
+        c = self.config
         if self.iteration == 0 and main:
-            self.run.root.mkdir(parents=True, exist_ok=True)
-            self.run.write_config(c.to_json())
+            self.run.write_config(c.to_json(), self.run_id)
         if self.iteration == 0 and evaluates:
             evaluation = self.evaluate()
             if main:
                 self._log(evaluation, "eval")
                 self._write_files()
         progress = self.progress and main
-        bar = tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not progress)
-        while self.iteration < until:
-            row = self.step()
-            last = self.iteration == c.iterations
-            due = last or bool(c.eval.every and self.iteration % c.eval.every == 0)
-            evaluation = self.evaluate() if due and evaluates else None
-            if main:
-                self._log(row, "train")
-                if evaluation is not None:
-                    self._log(evaluation, "eval")
-                    accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed
-                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
-                else:
-                    bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
-                self._write_files()
-            if last or self.iteration == until or self.iteration % c.checkpoint_every == 0:
-                state = self._state()  # on every rank: gathering FSDP2 shards is a collective
+        with tqdm(total=c.iterations, initial=self.iteration, desc=f"{c.algo} on {c.task}", disable=not progress) as bar:
+            while self.iteration < until:
+                row = self.step()
+                last = self.iteration == c.iterations
+                due = last or bool(c.eval.every and self.iteration % c.eval.every == 0)
+                evaluation = self.evaluate() if due and evaluates else None
                 if main:
-                    self.run.save_checkpoint(self.iteration, state)
-            bar.update(1)
-        bar.close()
+                    self._log(row, "train")
+                    if evaluation is not None:
+                        self._log(evaluation, "eval")
+                        accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed
+                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
+                    else:
+                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
+                    self._write_files()
+                if last or self.iteration == until or self.iteration % c.checkpoint_every == 0:
+                    state = self._state()  # on every rank: gathering FSDP2 shards is a collective
+                    if main:
+                        self.run.save_checkpoint(self.iteration, state, self.run_id)
+                    barrier()  # no rank goes on (and may resume from it) before the checkpoint is complete
+                bar.update(1)
         return self.evaluations
+
+
+def check_finite_images(images: torch.Tensor, what: str) -> None:
+    """Raise :class:`DivergenceError` when ``images`` ``[N, ...]`` hold NaN or inf (the policy diverged)."""
+    bad = ~torch.isfinite(images.flatten(1)).all(1)
+    if bool(bad.any()):
+        raise DivergenceError(f"The policy diverged: {int(bad.sum())} of {images.shape[0]} of {what} are NaN or inf; "
+                              f"lower optim.lr.")
 
 
 def make_logger(log_dir: Path):

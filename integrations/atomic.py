@@ -1,6 +1,9 @@
-"""Atomic file writes: write to a temporary file in the target folder, fsync, then rename into place.
+"""Atomic file writes: write to a temporary file in the target folder, fsync, rename into place, fsync the folder.
 
-A process killed at any moment leaves either the old file or the new one, never a torn one.
+A process killed at any moment leaves either the old file or the new one, never a torn one; after the folder's
+fsync the rename itself survives a power loss. The new file gets the mode a plain ``open(path, "w")`` would give
+it (0666 minus the process's umask). Temporary files are named ``.<name>.<random>.tmp`` (:data:`TEMP_GLOB`), so a
+run directory can find and remove the leftovers of a killed write.
 """
 
 from __future__ import annotations
@@ -10,8 +13,26 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+TEMP_GLOB = ".*.tmp"
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None], mode: int = 0o644) -> Path:
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back: the only portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(temporary_path)`` and rename the result to ``path`` (parent folders are created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -21,12 +42,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None], mode: in
         write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    fsync_directory(path.parent)
     return path
 
 

@@ -45,12 +45,15 @@ import contextlib
 import gc
 import inspect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+T = TypeVar("T")
 
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -147,6 +150,39 @@ def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     if world_size() > 1:
         dist.broadcast(tensor, src)
     return tensor
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (nothing without a process group). After rank 0 writes a checkpoint, so
+    that no rank can read one that is not complete."""
+    if world_size() > 1:
+        dist.barrier()
+
+
+def decided_by_main(decide: Callable[[], T]) -> T:
+    """Run ``decide()`` on rank 0 only and give every rank its result, or raise its exception on every rank (a
+    collective): for what rank 0 alone may look at or change, such as the run directory and its lock."""
+    if world_size() == 1:
+        return decide()
+    payload: list = [None]
+    if is_main():
+        try:
+            payload = [(True, decide())]
+        except Exception as error:  # whatever rank 0 hit, every rank raises
+            payload = [(False, error)]
+    dist.broadcast_object_list(payload, src=0, device=torch.device("cpu"))
+    succeeded, value = payload[0]
+    if not succeeded:
+        raise value
+    return value
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` (on every rank; a DTensor's local shard here) is finite: one device
+    sync and, with several processes, one all-reduce."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    finite = torch.stack([torch.isfinite(t).all() for t in local]).all().float().reshape(1).cpu()
+    return bool(all_reduce_metrics(finite, ["finite_min"])[0] == 1)
 
 
 def metric_extreme(name: str) -> str | None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from integrations.rewards.loading import MissingWeightsError  # what the CLI reports as one line: a missing install
+
 __all__ = ["TaskEntry", "TASK_ENTRIES", "build_task", "resolve_task_name", "task_names"]
 
 
@@ -50,7 +52,7 @@ def _hub(name: str) -> Callable[[dict], object]:
         try:
             from integrations.diffusers_adapters.task import hub_task
         except ImportError as error:
-            raise RuntimeError(
+            raise MissingWeightsError(
                 f"Task {name!r} needs the diffusers integration, which cannot be imported ({error}). Install "
                 f"diffusers, transformers and peft, or use a testbed task."
             ) from error
@@ -64,7 +66,7 @@ def _mnist_sd3(kind: str) -> Callable[[dict], object]:
         try:
             from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
         except ImportError as error:
-            raise RuntimeError(f"Task 'mnist-sd3/{kind}' needs diffusers, transformers and peft ({error}).") from error
+            raise MissingWeightsError(f"Task 'mnist-sd3/{kind}' needs diffusers, transformers and peft ({error}).") from error
         return mnist_sd3_task(kind, **settings)
 
     return build

@@ -120,10 +120,15 @@ def _check_reward(reward, group: torch.Tensor) -> None:
         raise ValueError(f"reward must be real-valued, got dtype {reward.dtype}.")
 
 
+def _result_dtype(reward: torch.Tensor) -> torch.dtype:
+    """The dtype of what is returned: float64 for float64 rewards, float32 for all others."""
+    return torch.float64 if reward.dtype == torch.float64 else torch.float32
+
+
 def _statistics_dtype(reward: torch.Tensor) -> torch.Tensor:
-    """Integer, bool and half-precision rewards are computed in float32: float16 squares overflow to inf above
-    ~256 (a finite reward of 1000 gave an inf group std)."""
-    return reward if reward.dtype in (torch.float32, torch.float64) else reward.float()
+    """Statistics are computed in float64 whatever the reward's dtype: squares overflow to inf above ~256 in
+    float16 and above ~1.8e19 in float32 (a float32 reward of 2e19 gave an inf group std, hence zero advantages)."""
+    return reward.double()
 
 
 def _check_options(soft_clip, clip, eps, trim) -> None:
@@ -143,11 +148,12 @@ def group_statistics(reward: torch.Tensor, group: torch.Tensor) -> dict[str, tor
     _check_reward(reward, group)  # before torch.unique(group): a device mismatch is named, not a torch error
     groups = make_groups(group)
     check_batch("reward", reward, group.shape[0], ndim=1)
-    reward = _statistics_dtype(reward)
+    dtype, reward = _result_dtype(reward), _statistics_dtype(reward)
     check_finite("reward", reward)
     mean, std = _segment_mean_std(reward, groups)
     constant = _is_constant(reward, groups)
-    return {"mean": mean, "std": std, "count": groups.count, "zero_std_fraction": constant.float().mean()}
+    return {"mean": mean.to(dtype), "std": std.to(dtype), "count": groups.count,
+            "zero_std_fraction": constant.float().mean()}
 
 
 def group_advantage(
@@ -173,7 +179,7 @@ def group_advantage(
     if reward.ndim == 2 and reward.shape[1] == 0:
         raise ValueError(f"reward [B, R] must hold at least one reward (R >= 1), got shape {tuple(reward.shape)}.")
     check_batch("group", group, reward.shape[0], ndim=1)
-    reward = _statistics_dtype(reward)
+    dtype, reward = _result_dtype(reward), _statistics_dtype(reward)
     check_finite("reward", reward)
     groups = make_groups(group)
     if bool((groups.count < 2).any()):
@@ -201,7 +207,7 @@ def group_advantage(
         advantage = advantage.clamp(-clip, clip)
     if soft_clip is not None:
         advantage = soft_clip_fn(advantage, soft_clip)
-    return advantage
+    return advantage.to(dtype)
 
 
 class GroupAdvantage(TensorDictModuleBase):

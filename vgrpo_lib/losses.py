@@ -71,9 +71,15 @@ class _PolicyLoss(LossModule):
         """These losses have no value estimator: nothing to forward."""
 
     def _get(self, batch: TensorDictBase, name: str, what: str):
+        """Batch entry ``name`` (errors name it: a missing key, or a device other than the model's)."""
         key = getattr(self.tensor_keys, name)
         check_key(batch, key, what)
-        return batch.get(key)
+        value = batch.get(key)
+        weight = next(self.model.parameters(), None) if isinstance(self.model, torch.nn.Module) else None
+        if weight is not None and getattr(value, "device", None) is not None and value.device != weight.device:
+            raise ValueError(f"{key} ({what}) is on {value.device} but the model is on {weight.device}; move the batch "
+                             f"to the model's device.")
+        return value
 
     def _cond(self, batch: TensorDictBase):
         return None if self.unconditional else self._get(batch, "cond", "the prompt conditioning")

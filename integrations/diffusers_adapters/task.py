@@ -50,6 +50,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from integrations.atomic import atomic_write
+from integrations.rewards.loading import MissingWeightsError
 
 from .flux import encode_prompts_flux
 from .lora import TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters
@@ -428,20 +429,20 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     zero tokens instead, see :func:`integrations.diffusers_adapters.presets.load_policy`). The other arguments are
     :class:`DiffusersTask`'s.
 
-    Raises ``RuntimeError`` saying what is missing when the pipeline is neither at ``path`` nor in the Hugging
-    Face cache, or when no prompt file is given.
+    Raises ``MissingWeightsError`` (a ``RuntimeError``) when the pipeline is neither at ``path`` nor in the Hugging
+    Face cache, and ``ValueError`` when no prompt file is given; both say what is missing.
     """
     spec = HUB_MODELS[name]
     source = path or spec.hub_id
     location = weights_location(source)
     if location is None:
-        raise RuntimeError(
+        raise MissingWeightsError(
             f"Task {name!r} trains {spec.hub_id}, whose weights are not available on this machine (looked for "
             f"{source!r} as a local directory and in the Hugging Face cache; no hub downloads at run time). "
             f"Download them once (`hf download {spec.hub_id}`) or set model.path=<local diffusers pipeline directory>."
         )
     if prompts is None:
-        raise RuntimeError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
+        raise ValueError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
     from .presets import load_policy
 
     cuda = torch.cuda.is_available()

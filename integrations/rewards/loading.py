@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -34,7 +36,8 @@ def resolve_local_files_only(local_files_only: bool | None) -> bool:
 
 
 def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
-    """Run `load()` and translate a missing-file error into `MissingWeightsError`.
+    """Run `load()` and translate a missing-file error into `MissingWeightsError`. The global torch RNG is left
+    as it was (a reward model built lazily, at its first call, does not change a run's random stream).
 
     Args:
         load: a zero-argument callable doing the actual `from_pretrained` / `hf_hub_download`.
@@ -42,7 +45,8 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
         purpose: what the weights are for, e.g. "the PickScore reward model".
     """
     try:
-        return load()
+        with torch.random.fork_rng(devices=[]):  # a model's random init must not move the global stream
+            return load()
     except OSError as err:
         if Path(name).is_dir():
             raise MissingWeightsError(

@@ -69,11 +69,13 @@ def load_pretrained(name: str, directory: Path = CHECKPOINT_DIR) -> nn.Module:
 
     Policies (``*_policy``) come back with gradients enabled, ready to fine-tune; classifiers and
     judges come back frozen (``requires_grad=False``). Each call returns a new module, so callers
-    may modify it freely. Raises ``ValueError`` for an unknown name, ``FileNotFoundError`` when
+    may modify it freely. Loading never draws from the global RNG (a model built lazily, e.g. the judge at the
+    first evaluation, leaves the training streams as they were). Raises ``ValueError`` for an unknown name, ``FileNotFoundError`` when
     the files are missing and ``RuntimeError`` when the weights do not match the stored config.
     """
     meta = read_card(name, directory)
-    model = build_model(meta["kind"], meta["config"])
+    with torch.random.fork_rng(devices=[]):  # its random init is overwritten: it must not move the global stream
+        model = build_model(meta["kind"], meta["config"])
     path = Path(directory) / f"{name}.safetensors"
     try:
         state = load_file(str(path))

@@ -1,4 +1,6 @@
-"""A real run killed with SIGKILL at several points and resumed ends bitwise equal to an uninterrupted one."""
+"""A real run killed with SIGKILL and resumed ends bitwise equal to an uninterrupted one: killed right after its
+checkpoint N (the kill must land mid-run: return code -9, the run unfinished), inside a checkpoint write, and
+before its first checkpoint."""
 
 import os
 import signal
@@ -13,8 +15,10 @@ import torch
 from algorithms.run_dir import RunDir, read_csv
 from tests.algorithms.conftest import TINY
 
-ARGS = TINY + ["iterations=5", "checkpoint_every=1", "optim.epochs=2", "optim.minibatch_size=8"]
+ITERATIONS = 5
+ARGS = TINY + [f"iterations={ITERATIONS}", "checkpoint_every=1", "optim.epochs=2", "optim.minibatch_size=8"]
 REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 600
 
 
 def _command(out: Path, resume: bool = False) -> list[str]:
@@ -22,61 +26,95 @@ def _command(out: Path, resume: bool = False) -> list[str]:
     return base + ["--resume"] if resume else base + ["--algo", "vgrpo", *ARGS]
 
 
-def _final_state(out: Path) -> dict:
-    return RunDir(out).load_latest_checkpoint()
+def _self_killing(out: Path, trigger: str) -> list[str]:
+    """The training command in a process that SIGKILLs itself at ``trigger`` (Python run before the fatal call)."""
+    script = (
+        "import os, signal, sys\n"
+        f"{trigger}\n"
+        "from algorithms.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return [sys.executable, "-c", script, *_command(out)[3:]]
 
 
 def _metrics_without_timing(out: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.endswith(("_s", "train_seconds"))} for row in read_csv(out / "metrics.csv")]
 
 
+def _assert_same_run(expected_dir: Path, resumed_dir: Path) -> None:
+    expected, resumed = RunDir(expected_dir).load_latest_checkpoint(), RunDir(resumed_dir).load_latest_checkpoint()
+    assert resumed["iteration"] == expected["iteration"] == ITERATIONS
+    for key in expected["policy"]:
+        assert torch.equal(expected["policy"][key], resumed["policy"][key]), key
+    for slot, state in expected["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(value, resumed["optimizer"]["state"][slot][name]), (slot, name)
+    assert torch.equal(expected["rng"]["torch"], resumed["rng"]["torch"]) and expected["rng"]["python"] == resumed["rng"]["python"]
+    assert torch.equal(expected["generator"], resumed["generator"])
+    assert _metrics_without_timing(resumed_dir) == _metrics_without_timing(expected_dir)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "run"
-    subprocess.run(_command(out), check=True, cwd=REPO, capture_output=True, timeout=600)
+    subprocess.run(_command(out), check=True, cwd=REPO, capture_output=True, timeout=WAIT_S)
     return out
 
 
-@pytest.mark.parametrize("kill_after_s", [2.0, 5.0, 8.0])
-def test_sigkill_at_a_random_point_then_resume_is_exact(uninterrupted, tmp_path, kill_after_s):
+@pytest.mark.parametrize("checkpoint", [1, 2, 3])
+def test_sigkill_after_checkpoint_n_then_resume_is_exact(uninterrupted, tmp_path, checkpoint):
     out = tmp_path / "run"
     process = subprocess.Popen(_command(out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(kill_after_s)
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
-    if not RunDir(out).checkpoint_paths():  # killed before the first checkpoint: a fresh start is the resume
-        subprocess.run(["rm", "-rf", str(out)], check=True)
-        subprocess.run(_command(out), check=True, cwd=REPO, capture_output=True, timeout=600)
-    else:
-        subprocess.run(_command(out, resume=True), check=True, cwd=REPO, capture_output=True, timeout=600)
-    expected, resumed = _final_state(uninterrupted), _final_state(out)
-    assert resumed["iteration"] == expected["iteration"] == 5
-    for key in expected["policy"]:
-        assert torch.equal(expected["policy"][key], resumed["policy"][key]), key
-    assert _metrics_without_timing(out) == _metrics_without_timing(uninterrupted)
+    target = out / "checkpoints" / f"iter_{checkpoint:06d}.pt"
+    deadline = time.monotonic() + WAIT_S
+    while not target.exists():
+        assert process.poll() is None, "the run ended before its checkpoint appeared"
+        assert time.monotonic() < deadline, f"no {target.name} after {WAIT_S} s"
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    left = [p.name for p in RunDir(out).checkpoint_paths()]
+    assert target.name in left and f"iter_{ITERATIONS:06d}.pt" not in left, left  # the kill landed mid-run
+    subprocess.run(_command(out, resume=True), check=True, cwd=REPO, capture_output=True, timeout=WAIT_S)
+    _assert_same_run(uninterrupted, out)
 
 
 def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninterrupted, tmp_path):
     """The process dies between writing the temporary file and renaming it into place."""
     out = tmp_path / "run"
-    script = (
-        "import os, signal, sys\n"
+    trigger = (
         "import integrations.atomic as atomic\n"
         "real_replace = os.replace\n"
         "def dying_replace(src, dst):\n"
         "    if str(dst).endswith('iter_000003.pt'):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    real_replace(src, dst)\n"
-        "atomic.os.replace = dying_replace\n"
-        "from algorithms.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
+        "atomic.os.replace = dying_replace"
     )
-    arguments = _command(out)[3:]
-    killed = subprocess.run([sys.executable, "-c", script, *arguments], cwd=REPO, capture_output=True, timeout=600)
+    killed = subprocess.run(_self_killing(out, trigger), cwd=REPO, capture_output=True, timeout=WAIT_S)
     assert killed.returncode == -signal.SIGKILL
     assert [p.name for p in RunDir(out).checkpoint_paths()] == ["iter_000001.pt", "iter_000002.pt"]
-    subprocess.run(_command(out, resume=True), check=True, cwd=REPO, capture_output=True, timeout=600)
-    expected, resumed = _final_state(uninterrupted), _final_state(out)
-    for key in expected["policy"]:
-        assert torch.equal(expected["policy"][key], resumed["policy"][key]), key
+    assert list((out / "checkpoints").glob(".iter_000003.pt.*.tmp"))  # the killed write's leftover ...
+    subprocess.run(_command(out, resume=True), check=True, cwd=REPO, capture_output=True, timeout=WAIT_S)
+    assert not list((out / "checkpoints").glob(".*.tmp"))  # ... is removed when the run resumes
+    _assert_same_run(uninterrupted, out)
+
+
+def test_killed_before_its_first_checkpoint_the_run_resumes_from_iteration_zero(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    trigger = (
+        "from algorithms.trainer import Trainer\n"
+        "real_step = Trainer.step\n"
+        "def dying_step(self):\n"
+        "    row = real_step(self)\n"  # one iteration trained, its metrics not yet written, no checkpoint
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "Trainer.step = dying_step"
+    )
+    killed = subprocess.run(_self_killing(out, trigger), cwd=REPO, capture_output=True, timeout=WAIT_S)
+    assert killed.returncode == -signal.SIGKILL
+    assert (out / "config.json").exists() and not RunDir(out).checkpoint_paths()
+    fresh = subprocess.run(_command(out), cwd=REPO, capture_output=True, text=True, timeout=WAIT_S)
+    assert fresh.returncode == 3 and "already holds a run; resume it with --resume" in fresh.stderr
+    resumed = subprocess.run(_command(out, resume=True), cwd=REPO, capture_output=True, text=True, timeout=WAIT_S)
+    assert resumed.returncode == 0 and "restarting it from iteration 0" in resumed.stderr
+    _assert_same_run(uninterrupted, out)

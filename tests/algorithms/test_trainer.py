@@ -128,11 +128,13 @@ def test_sample_command_writes_the_documented_format(tmp_path):
     assert data["labels"].dtype == np.int64 and data["labels"].tolist() == [d for d in range(10) for _ in range(2)]
 
 
-def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+def test_cli_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
     assert cli_main(["train", "--algo", "vgrpo", "--out", str(tmp_path / "r"), "bogus=1"]) == 2
     assert "Unknown config key 'bogus'" in capsys.readouterr().err
-    assert cli_main(["eval", "--run", str(tmp_path / "missing")]) == 2
+    assert cli_main(["eval", "--run", str(tmp_path / "missing")]) == 3
     assert "no config.json" in capsys.readouterr().err
+    assert cli_main(["train", "--out", str(tmp_path / "r"), "--resume", "optim.lr=1"]) == 2
+    assert capsys.readouterr().err.startswith("vgrpo train: error: --resume continues a run with its saved config")
     assert cli_main(["train", "--task", "sd3.5-medium", "--out", str(tmp_path / "s")]) == 2
     assert "weights are not available" in capsys.readouterr().err
 

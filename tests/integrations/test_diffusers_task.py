@@ -105,7 +105,7 @@ def test_load_task_says_what_is_missing(hub_model, tmp_path):
         load_task("sd3.5-medium", model_config([*hub_model("sd3"), f"model.path={tmp_path / 'nowhere'}"]))
     with pytest.raises(RuntimeError, match="weights are not available"):
         load_task("sd3.5-medium")  # the hub id, not in this machine's cache
-    with pytest.raises(RuntimeError, match="model.prompts"):
+    with pytest.raises(ValueError, match="model.prompts"):
         load_task("sd3.5-medium", model_config([*hub_model("sd3"), "model.prompts=none"]))
 
 

@@ -22,12 +22,13 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from algorithms.cli import build_config
+from algorithms.run_dir import RunDir
 from algorithms.trainer import Trainer
 from integrations import distributed
 from integrations.distributed import Shard, shard_groups
 from integrations.testbed.tasks import Task
 
-TIMEOUT_S = 150
+TIMEOUT_S = 900  # generous: on a loaded 2-core machine (CI, other jobs) the ~60 s of work can take minutes
 # Weights after 2 AdamW steps at lr 1e-3. Float32 summation order differs (each rank averages its rows, then DDP
 # averages the ranks); Adam's normalised step (about lr per weight) turns that into at most ~1% of lr on the
 # worst weight (measured: 4.6e-6 of a 2e-3 move), hence atol = 1e-2 * lr.
@@ -215,7 +216,16 @@ def _trainer_worker(rank: int, world_size: int, port: int, out: str) -> None:
         torch.save(result, Path(out) / f"{name}_rank{rank}.pt")
         del trainer  # its DDP wrapper must go before the process group (see distributed.shutdown)
     # FSDP2 cut after one iteration and resumed from its full-state-dict checkpoint (optimizer and old policy too).
+    # Rank 0 writes that checkpoint 3 s late: rank 1, done first, must not look for it before it is complete.
+    real_save = RunDir.save_checkpoint
+
+    def late_save(self, *args, **kwargs):
+        time.sleep(3.0)
+        return real_save(self, *args, **kwargs)
+
+    RunDir.save_checkpoint = late_save
     Trainer(_config("diffusion_nft_fsdp2"), Path(out) / "fsdp2_cut", progress=False).train(until=1)
+    RunDir.save_checkpoint = real_save
     resumed = Trainer.resume(Path(out) / "fsdp2_cut", progress=False)
     resumed.train()
     torch.save({"policy": _full_weights(resumed.policy), "metrics": resumed.metrics}, Path(out) / f"fsdp2_resumed_rank{rank}.pt")
@@ -295,7 +305,7 @@ def test_only_rank_zero_evaluates_and_writes(two_rank_runs):
         run = two_rank_runs / name
         assert {"config.json", "metrics.csv", "eval.jsonl", "reward.png"} <= {p.name for p in run.iterdir()}
         assert len(run.joinpath("metrics.csv").read_text().splitlines()) == 3  # header + one row per iteration
-        assert [p.name for p in (run / "checkpoints").iterdir()] == ["iter_000002.pt"]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000002.json", "iter_000002.pt"]
     assert not (two_rank_runs / "odd").exists()
 
 

@@ -1,0 +1,284 @@
+"""What a run directory promises under misuse: one run at a time, checkpoints that prove their integrity and their
+run, resume exact in every random stream, divergence reported as such, and one line for every expected failure."""
+
+import errno
+import json
+import os
+import random
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+import integrations.atomic as atomic
+from algorithms.cli import main as cli_main
+from algorithms.errors import DamagedFileError, DivergenceError, RunDirError, RunDirExists, RunDirInUse
+from algorithms.run_dir import RunDir, read_csv
+from algorithms.trainer import Trainer
+from integrations.testbed import tasks as testbed_tasks
+from tests.algorithms.conftest import TINY
+
+TIMING = ("_s", "train_seconds")
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.endswith(TIMING)} for r in rows]
+
+
+def _cli_train(out, *overrides):
+    return ["train", "--algo", "vgrpo", "--out", str(out), *TINY, *overrides]
+
+
+# -- one run per folder --------------------------------------------------------------------------------------------
+
+
+def test_a_second_run_on_a_locked_folder_is_refused_naming_the_holder(tiny_config, tmp_path):
+    holder = RunDir(tmp_path / "run")
+    holder.lock()
+    with pytest.raises(RunDirInUse, match=rf"in use by another run \(pid {os.getpid()} host "):
+        Trainer(tiny_config("vgrpo"), tmp_path / "run", progress=False)
+    # Taken between a new run's first check and its start: train() refuses, having written nothing.
+    late = Trainer(tiny_config("vgrpo"), tmp_path / "other", progress=False)
+    other = RunDir(tmp_path / "other")
+    other.lock()
+    with pytest.raises(RunDirInUse):
+        late.train()
+    assert [p.name for p in (tmp_path / "other").iterdir()] == [".lock"]
+    holder.unlock(), other.unlock()
+    Trainer(tiny_config("vgrpo", "iterations=1"), tmp_path / "run", progress=False).train()  # free again
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_config, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("pid 999999 host gone-host\n")  # written by a killed run: no process holds it
+    with pytest.warns(UserWarning, match=r"previous holder \(pid 999999 host gone-host\) is gone"):
+        Trainer(tiny_config("vgrpo", "iterations=1"), run, progress=False).train()
+    assert (run / ".lock").read_text() == ""  # released at the end
+    assert RunDir(run).lock_holder() is None
+
+
+def test_out_refuses_a_non_empty_folder_that_is_not_a_run_and_writes_nothing(tiny_config, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "reward.png").write_bytes(b"my own picture")
+    (folder / "checkpoints").mkdir()
+    with pytest.raises(RunDirError, match=r"not empty and is not a run directory \(it holds checkpoints/, reward.png\)"):
+        Trainer(tiny_config("vgrpo"), folder, progress=False)
+    assert (folder / "reward.png").read_bytes() == b"my own picture"
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", "reward.png"]
+
+
+def test_a_run_id_ties_checkpoints_to_their_config_and_foreign_ones_are_refused(tiny_config, tmp_path, capsys):
+    for name in ("a", "b"):
+        Trainer(tiny_config("vgrpo", "iterations=1"), tmp_path / name, progress=False).train()
+    a, b = RunDir(tmp_path / "a"), RunDir(tmp_path / "b")
+    assert a.run_id() != b.run_id() and len(a.run_id()) == 32
+    assert a.load_latest_checkpoint()["run_id"] == a.run_id()
+    # Run b's newest checkpoint (and its manifest) copied into run a, as two runs on one folder could leave it.
+    for suffix in (".pt", ".json"):
+        (a.checkpoints / f"iter_000009{suffix}").write_bytes((b.checkpoints / f"iter_000001{suffix}").read_bytes())
+    with pytest.raises(RunDirError, match=rf"iter_000009.pt belongs to run {b.run_id()}, not to this folder's run"):
+        Trainer.resume(tmp_path / "a", progress=False)
+    assert cli_main(["train", "--out", str(tmp_path / "a"), "--resume"]) == 3
+    assert "mixes two runs" in capsys.readouterr().err
+
+
+# -- checkpoint integrity ------------------------------------------------------------------------------------------
+
+
+def test_flipped_bytes_in_the_newest_checkpoint_are_detected_and_the_previous_one_used(tiny_config, tmp_path):
+    Trainer(tiny_config("vgrpo"), tmp_path / "run", progress=False).train()
+    run = RunDir(tmp_path / "run")
+    newest = run.checkpoint_paths()[-1]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(255 - b for b in data[len(data) // 2 : len(data) // 2 + 16])
+    newest.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=r"iter_000002.pt could not be loaded: its SHA-256 is not the one"):
+        state = run.load_latest_checkpoint()
+    assert state["iteration"] == 1
+    newest.with_suffix(".json").unlink()  # unverifiable: treated as damaged too
+    with pytest.warns(UserWarning, match="manifest iter_000002.json is missing"):
+        assert run.load_latest_checkpoint()["iteration"] == 1
+    run.checkpoint_paths()[0].write_bytes(b"")  # nothing usable left: an error naming every checkpoint
+    with pytest.raises(RunDirError, match="no usable checkpoint.*iter_000002.pt: its manifest.*iter_000001.pt: its SHA-256"), pytest.warns(UserWarning):
+        run.load_latest_checkpoint()
+
+
+def test_non_finite_weights_after_a_step_stop_the_run_as_divergence_and_are_never_saved(tiny_config, tmp_path):
+    trainer = Trainer(tiny_config("vgrpo", "iterations=3"), tmp_path / "run", progress=False)
+    trainer.train(until=1)
+    real_step = trainer.optimizer.step
+
+    def poisoned_step(*args, **kwargs):
+        real_step(*args, **kwargs)
+        trainer.optimizer.state[trainer.optimizer.param_groups[0]["params"][0]]["exp_avg_sq"].view(-1)[0] = -torch.inf
+
+    trainer.optimizer.step = poisoned_step
+    with pytest.raises(DivergenceError, match="weights or optimizer state are not finite after gradient step 2"):
+        trainer.train()
+    assert [p.name for p in RunDir(tmp_path / "run").checkpoint_paths()] == ["iter_000001.pt"]
+
+
+def test_exploding_learning_rate_is_reported_as_divergence(tmp_path, capsys):
+    assert cli_main(_cli_train(tmp_path / "run", "optim.lr=1e30", "iterations=3")) == 6
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # beside the progress bar
+    assert len(errors) == 1 and errors[0].startswith("vgrpo train: error: The policy diverged: 16 of 16"), errors
+
+
+def test_a_nan_evaluation_exits_non_zero(tmp_path, capsys, monkeypatch):
+    real = testbed_tasks.Task.evaluate
+    monkeypatch.setattr(testbed_tasks.Task, "evaluate", lambda self, images, prompts: real(self, images, prompts)
+                        | {"reward_mean": float("nan")})
+    assert cli_main(_cli_train(tmp_path / "run")) == 6
+    assert "The evaluation at iteration 0 is not finite (reward_mean)" in capsys.readouterr().err
+
+
+# -- resume ------------------------------------------------------------------------------------------------------
+
+
+def _noisy_reward(trainer):
+    """The task's reward plus draws from the global torch, NumPy and Python streams."""
+    real = trainer.reward_fn
+
+    def reward(images, prompts):
+        noise = 0.05 * (torch.rand(images.shape[0]) + float(np.random.rand()) + random.random())
+        return real(images, prompts) + noise
+
+    trainer.reward_fn = reward
+    return trainer
+
+
+def test_resume_is_exact_in_every_stream_with_global_rng_rewards_and_an_evaluation_right_after(tiny_config, tmp_path):
+    config = tiny_config("vgrpo", "iterations=4", "eval.every=1", "checkpoint_every=2")
+    testbed_tasks._frozen.cache_clear()  # the judge is built lazily by the first evaluation, as in a fresh process
+    straight = _noisy_reward(Trainer(config, tmp_path / "straight", progress=False))
+    straight.train()
+    testbed_tasks._frozen.cache_clear()
+    _noisy_reward(Trainer(config, tmp_path / "resumed", progress=False)).train(until=2)
+    # A new process: other global streams, and the judge not built yet (it will be, at the evaluation of iteration 3).
+    testbed_tasks._frozen.cache_clear()
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    resumed = _noisy_reward(Trainer.resume(tmp_path / "resumed", progress=False))
+    resumed.train()
+    for key, value in straight.policy.state_dict().items():
+        assert torch.equal(value, resumed.policy.state_dict()[key]), key
+    assert _strip(read_csv(tmp_path / "straight" / "metrics.csv")) == _strip(read_csv(tmp_path / "resumed" / "metrics.csv"))
+    assert _strip(read_csv(tmp_path / "straight" / "eval.csv")) == _strip(read_csv(tmp_path / "resumed" / "eval.csv"))
+    ended = [RunDir(tmp_path / name).load_latest_checkpoint()["rng"] for name in ("straight", "resumed")]
+    assert torch.equal(ended[0]["torch"], ended[1]["torch"])  # every global stream ends where it ended
+    assert torch.equal(ended[0]["numpy"][1], ended[1]["numpy"][1]) and ended[0]["python"] == ended[1]["python"]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_restarts_from_iteration_zero(tiny_config, tmp_path, monkeypatch):
+    config = tiny_config("vgrpo", "iterations=3", "checkpoint_every=10")
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    straight.train()
+
+    def killed(self, iteration, state, run_id):
+        raise KeyboardInterrupt  # the process dies before its first checkpoint
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunDir, "save_checkpoint", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(config, tmp_path / "run", progress=False).train()
+    run = RunDir(tmp_path / "run")
+    assert run.exists() and not run.checkpoint_paths()
+    with pytest.raises(RunDirExists):  # a new run there is refused: it is this run, to resume
+        Trainer(config, tmp_path / "run", progress=False)
+    leftovers = [run.root / ".metrics.csv.x1.tmp", run.checkpoints / ".iter_000003.pt.x2.tmp"]
+    run.checkpoints.mkdir()
+    for path in leftovers:
+        path.write_bytes(b"half a write")
+    with pytest.warns(UserWarning, match="no checkpoint yet"):
+        resumed = Trainer.resume(tmp_path / "run", progress=False)
+    assert not any(path.exists() for path in leftovers)  # removed at start
+    resumed.train()
+    for key, value in straight.policy.state_dict().items():
+        assert torch.equal(value, resumed.policy.state_dict()[key]), key
+    assert _strip(read_csv(tmp_path / "straight" / "metrics.csv")) == _strip(read_csv(run.root / "metrics.csv"))
+
+
+# -- one line for expected failures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, text", [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system")])
+def test_disk_full_and_read_only_are_one_line(tmp_path, capsys, monkeypatch, code, text):
+    def refuse(dir, prefix, suffix):
+        raise OSError(code, text, os.path.join(dir, prefix + "tmp"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", refuse)
+    assert cli_main(_cli_train(tmp_path / "run")) == 5
+    err = capsys.readouterr().err
+    assert err == f"vgrpo train: error: cannot write {tmp_path / 'run'}/.config.json.tmp: {text}\n"
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("metrics.csv", "iteration,reward_mean\n0,0.5\nbanana,0.6\n", "metrics.csv is damaged: line 3 has no number in column 'iteration'"),
+        ("metrics.csv", "\x00\x01garbage\n\xff", "metrics.csv is not a readable CSV file"),
+        ("eval.jsonl", '{"iteration": 0}\n{not json\n', "eval.jsonl is damaged: line 2 is not valid JSON"),
+        ("config.json", "{truncated", "config.json (the run's config) is not valid JSON"),
+        ("config.json", '{"run_id": "x", "bogus": 1}', "config.json is not a valid run config"),
+    ],
+)
+def test_garbled_run_files_are_named_with_what_is_wrong(tmp_path, capsys, name, content, message):
+    assert cli_main(_cli_train(tmp_path / "run", "iterations=1")) == 0
+    capsys.readouterr()
+    (tmp_path / "run" / name).write_bytes(content.encode("latin-1"))
+    assert cli_main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"vgrpo train: error: {tmp_path / 'run'}/") and message in err and err.count("\n") == 1, err
+
+
+def test_an_unexpected_error_keeps_its_traceback(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("a bug deep inside")
+
+    monkeypatch.setattr(Trainer, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="a bug deep inside"):
+        cli_main(_cli_train(tmp_path / "run"))
+
+
+def test_the_base_column_is_not_the_trained_one_when_eval_jsonl_is_gone(tmp_path, capsys):
+    assert cli_main(_cli_train(tmp_path / "run", "iterations=2", "checkpoint_every=1")) == 0
+    capsys.readouterr()
+    run = RunDir(tmp_path / "run")
+    newest = run.checkpoint_paths()[-1]
+    newest.unlink()  # so that --resume has an iteration left to train
+    newest.with_suffix(".json").unlink()
+    (run.root / "eval.jsonl").unlink()
+    assert cli_main(["train", "--out", str(run.root), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "reward_mean" in out and all(line.split()[1] == "n/a" for line in out.splitlines()[1:4]), out
+    assert "no base evaluation" in out
+
+
+# -- atomic writes ---------------------------------------------------------------------------------------------
+
+
+def test_atomic_writes_respect_the_umask_and_fsync_the_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
+    old = os.umask(0o027)
+    try:
+        path = atomic.atomic_write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert synced == [False, True]  # the file, then its folder after the rename
+    os.umask(0o002)
+    try:
+        assert stat.S_IMODE(atomic.atomic_write_text(tmp_path / "b.txt", "y").stat().st_mode) == 0o664
+    finally:
+        os.umask(old)
+    assert json.loads(atomic.atomic_write_text(tmp_path / "c.json", "[1]").read_text()) == [1]
+
+
+def test_read_csv_names_the_file_of_a_row_longer_than_its_header(tmp_path):
+    (tmp_path / "m.csv").write_text("iteration\n0,1\n")
+    with pytest.raises(DamagedFileError, match=r"m.csv is damaged: line 2 has more cells than the header"):
+        read_csv(tmp_path / "m.csv")
