@@ -48,14 +48,19 @@ def test_single_step_vgrpo_skips_the_old_surrogate_pass_and_counts_nfe(tiny_conf
     assert with_kl.metrics[-1]["nfe_update"] == 6 and with_kl.metrics[-1]["ref_kl"] > 0
 
 
-def test_vgrpo_raises_the_reward_on_the_8x8_digits(tiny_config, tmp_path):
-    # Seeded; 12 iterations of 32 samples. Measured: the mean training reward of the last three iterations
-    # beats the first three by about 0.2; we require a margin of 0.05.
-    config = tiny_config("vgrpo", "iterations=12", "prompts_per_iteration=8", "optim.lr=1e-3", "checkpoint_every=12")
+# Seeded; 12 iterations of 32 samples. Measured gain of the mean training reward of the last three iterations over
+# the first three: vgrpo 0.22, diffusion_nft 0.20 (lr 1e-3), flow_grpo 0.16 (lr 3e-4: at 1e-3 its SDE-likelihood
+# steps are too noisy for 12 iterations, gain 0.07). Each must beat a margin of 0.05.
+RISES = {"vgrpo": "optim.lr=1e-3", "diffusion_nft": "optim.lr=1e-3", "flow_grpo": "optim.lr=3e-4"}
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_each_algorithm_raises_the_reward_on_the_8x8_digits(algo, tiny_config, tmp_path):
+    config = tiny_config(algo, "iterations=12", "prompts_per_iteration=8", RISES[algo], "checkpoint_every=12")
     trainer = Trainer(config, tmp_path / "run", progress=False)
     trainer.train()
     rewards = [row["reward_mean"] for row in trainer.metrics]
-    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
 
 
 def test_existing_run_directory_is_refused_and_nothing_is_overwritten(tiny_config, tmp_path):

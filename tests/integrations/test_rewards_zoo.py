@@ -161,12 +161,12 @@ def _tiny_blip_dir(path):
     return config
 
 
-def test_imagereward_loads_the_original_checkpoint_layout(tmp_path):
+def _image_reward_checkpoint(tmp_path, head: ScoreMLP):
+    """Tiny BLIP towers and ``head`` written as ImageReward.pt in the original BLIP layout; returns the towers."""
     config = _tiny_blip_dir(tmp_path / "blip")
     torch.manual_seed(0)
     vision = BlipVisionModel(config.vision_config)
     text = BlipTextModel(config.text_config, add_pooling_layer=False)
-    head = ScoreMLP(16)
     original = {f"mlp.{k}": v for k, v in head.state_dict().items()}
     original.update({f"blip.text_encoder.{k}": v for k, v in text.state_dict().items()})
     vision_names = {"embeddings.class_embedding": "cls_token", "embeddings.position_embedding": "pos_embed",
@@ -179,7 +179,12 @@ def test_imagereward_loads_the_original_checkpoint_layout(tmp_path):
         original[f"blip.visual_encoder.{key}"] = value
     original["blip.itm_head.weight"] = torch.zeros(2, 16)
     torch.save(original, tmp_path / "ImageReward.pt")
+    return vision, text
 
+
+def test_imagereward_loads_the_original_checkpoint_layout(tmp_path):
+    torch.manual_seed(1)
+    vision, _ = _image_reward_checkpoint(tmp_path, ScoreMLP(16))
     reward = ImageReward.from_pretrained(str(tmp_path / "ImageReward.pt"), blip=str(tmp_path / "blip"), image_size=32)
     torch.testing.assert_close(reward.vision_model.state_dict()["embeddings.class_embedding"],
                                vision.state_dict()["embeddings.class_embedding"])
@@ -366,3 +371,113 @@ def test_missing_weights_offline_raise_a_clear_error(name, monkeypatch, tmp_path
     message = str(info.value)
     assert "weights" in message and "HF_HUB_OFFLINE" in message
     assert "/" in message.split("'")[1], "the message names the hub model"
+
+
+# -- scores computed by hand from the tiny models' weights -----------------------------------------------------------
+# The official scoring code, transcribed: HPSv2 (tgxs002/HPSv2, hpsv2/img_score.py, score()): unit-norm open_clip
+# image and text features, hps = diag(image_features @ text_features.T). open_clip (mlfoundations/open_clip,
+# src/open_clip/model.py encode_image / encode_text and transformer.py VisionTransformer / TextTransformer /
+# ResidualAttentionBlock): x + attn(ln_1(x)), x + mlp(ln_2(x)) with fused in_proj q/k/v; the image feature is
+# ln_post(x[:, 0]) @ proj, the text feature ln_final(x)[argmax(ids)] @ text_projection under a causal mask. LAION
+# aesthetic (christophschuhmann/improved-aesthetic-predictor, simple_inference.py): the MLP on the L2-normalised
+# CLIP image embedding. ImageReward (THUDM/ImageReward, ImageReward/ImageReward.py, score()): the MLP on the text
+# encoder's [CLS] feature, then (reward - 0.16717362830052426) / 1.0333394966054072. OpenAI CLIP's pixel statistics
+# (openai/CLIP, clip/clip.py, _transform).
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+ACTIVATIONS = {"quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "gelu": torch.nn.functional.gelu}
+
+
+def _pixels_by_hand(images):
+    """32 x 32 images need no resize or crop at the tiny models' 32 px: only CLIP's normalisation."""
+    return (images - torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)) / torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+
+
+def _layer_norm(x, s, name):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], s[f"{name}.weight"], s[f"{name}.bias"], eps=1e-5)
+
+
+def _block_by_hand(x, s, prefix, heads, act, mask=None):
+    batch, tokens, width = x.shape
+    h = _layer_norm(x, s, prefix + "ln_1")
+    q, k, v = (h @ s[prefix + "attn.in_proj_weight"].T + s[prefix + "attn.in_proj_bias"]).split(width, -1)
+    q, k, v = (t.view(batch, tokens, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / (width // heads) ** 0.5 + (0.0 if mask is None else mask)
+    attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, tokens, width)
+    x = x + attended @ s[prefix + "attn.out_proj.weight"].T + s[prefix + "attn.out_proj.bias"]
+    h = act(_layer_norm(x, s, prefix + "ln_2") @ s[prefix + "mlp.c_fc.weight"].T + s[prefix + "mlp.c_fc.bias"])
+    return x + h @ s[prefix + "mlp.c_proj.weight"].T + s[prefix + "mlp.c_proj.bias"]
+
+
+def _open_clip_features_by_hand(s, pixels, ids, heads, act):
+    """Unit-norm image and text features of an open_clip state dict ``s`` (one layer per tower here)."""
+    patch = s["visual.conv1.weight"].shape[-1]
+    x = torch.nn.functional.conv2d(pixels, s["visual.conv1.weight"], stride=patch).flatten(2).transpose(1, 2)
+    x = torch.cat([s["visual.class_embedding"].expand(x.shape[0], 1, -1), x], 1) + s["visual.positional_embedding"]
+    x = _block_by_hand(_layer_norm(x, s, "visual.ln_pre"), s, "visual.transformer.resblocks.0.", heads, act)
+    image = _layer_norm(x[:, 0], s, "visual.ln_post") @ s["visual.proj"]
+    length = ids.shape[1]
+    t = s["token_embedding.weight"][ids] + s["positional_embedding"][:length]
+    causal = torch.full((length, length), -float("inf")).triu(1)
+    t = _layer_norm(_block_by_hand(t, s, "transformer.resblocks.0.", heads, act, causal), s, "ln_final")
+    text = t[torch.arange(ids.shape[0]), ids.argmax(-1)] @ s["text_projection"]
+    return torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
+
+
+def _spread(head: ScoreMLP) -> ScoreMLP:
+    """Unit-normal weights (the default init shrinks through five layers to nearly one score for every input)."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return head
+
+
+def _mlp_by_hand(head: ScoreMLP, x):
+    """The score MLP's five linear layers (the dropouts are inert at inference; there is no activation)."""
+    for index in (0, 2, 4, 6, 7):
+        x = x @ head.layers[index].weight.T + head.layers[index].bias
+    return x.squeeze(-1)
+
+
+def test_hpsv21_equals_the_open_clip_score_computed_by_hand(clip_dir, tmp_path):
+    state = _to_open_clip(CLIPModel.from_pretrained(clip_dir))  # the checkpoint: open_clip's layout
+    torch.save({"state_dict": state}, tmp_path / "HPS_v2.1_compressed.pt")
+    reward = HPSv21.from_pretrained(str(tmp_path / "HPS_v2.1_compressed.pt"), base=clip_dir)
+    images = _images(size=32)
+    ids = reward.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=16, return_tensors="pt").input_ids
+    act = ACTIVATIONS[reward.model.config.vision_config.hidden_act]
+    image, text = _open_clip_features_by_hand(state, _pixels_by_hand(images), ids, heads=2, act=act)
+    expected = (image @ text.T).diagonal()
+    torch.testing.assert_close(reward(images, PROMPTS), expected, rtol=1e-5, atol=1e-6)
+    assert expected.std() > 1e-3, "the four scores differ: the comparison is not between constants"
+
+
+def test_aesthetic_equals_the_score_computed_by_hand(clip_dir, tmp_path):
+    head = _spread(ScoreMLP(8))
+    torch.save(head.state_dict(), tmp_path / "aesthetic.pth")
+    reward = LAIONAesthetic.from_pretrained(clip_dir, head=str(tmp_path / "aesthetic.pth"))
+    state = _to_open_clip(CLIPModel.from_pretrained(clip_dir))
+    images = _images(size=32)
+    ids = reward.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=16, return_tensors="pt").input_ids
+    act = ACTIVATIONS[reward.model.config.vision_config.hidden_act]
+    image, _ = _open_clip_features_by_hand(state, _pixels_by_hand(images), ids, heads=2, act=act)
+    expected = _mlp_by_hand(head, image)
+    torch.testing.assert_close(reward(images, PROMPTS), expected, rtol=1e-5, atol=1e-4)
+    assert expected.std() > 1e-2
+
+
+def test_imagereward_equals_the_head_and_standardisation_computed_by_hand(tmp_path):
+    head = _spread(ScoreMLP(16))
+    vision, text = _image_reward_checkpoint(tmp_path, head)
+    reward = ImageReward.from_pretrained(str(tmp_path / "ImageReward.pt"), blip=str(tmp_path / "blip"), image_size=32)
+    images = _images(size=32)
+    processor = BlipImageProcessor.from_pretrained(tmp_path / "blip")
+    mean, std = torch.tensor(processor.image_mean).view(1, 3, 1, 1), torch.tensor(processor.image_std).view(1, 3, 1, 1)
+    tokens = reward.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
+    with torch.no_grad():
+        image_tokens = vision.eval()(pixel_values=(images - mean) / std).last_hidden_state
+        fused = text.eval()(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                            encoder_hidden_states=image_tokens).last_hidden_state
+        expected = (_mlp_by_hand(head, fused[:, 0]) - 0.16717362830052426) / 1.0333394966054072
+    torch.testing.assert_close(reward(images, PROMPTS), expected, rtol=1e-5, atol=1e-4)
+    assert expected.std() > 1e-2
