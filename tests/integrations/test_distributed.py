@@ -28,7 +28,9 @@ from integrations import distributed
 from integrations.distributed import Shard, shard_groups
 from integrations.testbed.tasks import Task
 
-TIMEOUT_S = 900  # generous: on a loaded 2-core machine (CI, other jobs) the ~60 s of work can take minutes
+# The spawn and each collective: generous, as on a loaded 2-core machine (CI, other jobs) the ~60 s of work took
+# 20 minutes, and rank 0 alone writes files (fsyncs, plots) while the other ranks wait at the next collective.
+TIMEOUT_S = 1500
 # Weights after 2 AdamW steps at lr 1e-3. Float32 summation order differs (each rank averages its rows, then DDP
 # averages the ranks); Adam's normalised step (about lr per weight) turns that into at most ~1% of lr on the
 # worst weight (measured: 4.6e-6 of a 2e-3 move), hence atol = 1e-2 * lr.
@@ -91,7 +93,8 @@ def _free_port() -> int:
 def _join(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)  # 2 ranks on 2 shared cores
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=TIMEOUT_S),
     )
 
 
