@@ -399,7 +399,8 @@ class Trainer:
             if not self.shard.is_main:
                 return None
             result = self.task.evaluate(images, prompts)
-        bad = sorted(k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v))
+        # The scores (a diagnostic such as diversity may be undefined, e.g. NaN for one sample per prompt).
+        bad = [k for k in ("reward_mean", "accuracy", "judge_accuracy") if k in result and not math.isfinite(result[k])]
         if bad:
             raise DivergenceError(f"The evaluation at iteration {self.iteration} is not finite ({', '.join(bad)}).")
         result.update(
