@@ -101,21 +101,22 @@ def test_fpo_uses_independent_grid_pairs_and_starts_on_policy(tiny_config, tmp_p
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "algo, overrides, message",
     [
-        (["flow_grpo.sde_type=cps", "flow_grpo.noise_level=1.5"], r"flow_grpo.noise_level must be in \(0, 1\]"),
-        (["algo=flow_grpo_fast", "flow_grpo.window_size=2"], "do not apply to flow_grpo_fast"),
-        (["algo=flow_grpo_fast", "flow_grpo.timestep_fraction=0.5"], "do not apply to flow_grpo_fast"),
-        (["algo=flow_grpo_fast", "flow_grpo_fast.branch_steps=4"], r"flow_grpo_fast.branch_steps must be <= int"),
-        (["algo=flow_grpo_fast", "flow_grpo.sde_type=cps", "flow_grpo_fast.branch_range=1.0"], "must leave out the last step"),
-        (["algo=awm", "awm.timestep_fraction=0.2"], "awm.timestep_fraction"),
-        (["flow_grpo.sde_type=ddim"], "Unknown flow_grpo.sde_type 'ddim'"),
-        (["fpo.timesteps=gird"], "Unknown fpo.timesteps 'gird'"),
+        ("flow_grpo", ["flow_grpo.sde_type=cps", "flow_grpo.noise_level=1.5"], r"flow_grpo.noise_level must be in \(0, 1\]"),
+        ("flow_grpo_fast", ["flow_grpo.window_size=2"], "not used by flow_grpo_fast"),
+        ("flow_grpo_fast", ["flow_grpo.timestep_fraction=0.5"], "not used by flow_grpo_fast"),
+        ("flow_grpo_fast", ["flow_grpo_fast.branch_steps=4"], r"flow_grpo_fast.branch_steps must be <= int"),
+        ("flow_grpo_fast", ["flow_grpo.sde_type=cps", "flow_grpo_fast.branch_range=1.0"], "must leave out the last step"),
+        ("awm", ["awm.timestep_fraction=0.2"], "awm.timestep_fraction"),
+        ("flow_grpo", ["flow_grpo.sde_type=ddim"], "Unknown flow_grpo.sde_type 'ddim'"),
+        ("fpo", ["fpo.timesteps=gird"], "Unknown fpo.timesteps 'gird'"),
     ],
 )
-def test_peer_settings_are_checked_naming_the_key(overrides, message, tiny_config):
+def test_peer_settings_are_checked_naming_the_key(algo, overrides, message, tiny_config):
+    # Each section is set under an algorithm that reads it (the config refuses the sections of other algorithms).
     with pytest.raises(ValueError, match=message):
-        tiny_config("vgrpo", *overrides)
+        tiny_config(algo, *overrides)
 
 
 # Seeded, 12 iterations of 32 samples on the 8x8 digits (the testbed's one-digit task at 8x8), lr 1e-3 (3e-4 for FPO,
