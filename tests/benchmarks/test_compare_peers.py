@@ -19,4 +19,4 @@ def test_each_peer_is_a_comparison_variant_with_buildable_step_controls(variant)
         assert (config.optim.epochs, config.optim.minibatches) == {"one_step": (1, 1), "two_epochs": (2, 1),
                                                                      "two_minibatches": (1, 2)}[control]
     # The base-policy KL is off for every algorithm in the comparison.
-    assert config.flow_grpo.kl_coef is None and config.awm.ref_kl_coef is None
+    assert config.flow_grpo.ref_kl_coef is None and config.awm.ref_kl_coef is None
