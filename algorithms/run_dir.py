@@ -227,6 +227,7 @@ class RunDir:
     # -- config and tables -------------------------------------------------------------------------------
 
     def write_config(self, config_json: str, run_id: str) -> None:
+        """Write ``config.json`` atomically: the run's config (JSON text) with its ``run_id`` added."""
         data = json.loads(config_json) | {"run_id": run_id}
         atomic_write_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -237,6 +238,7 @@ class RunDir:
         return config
 
     def run_id(self) -> str:
+        """The run id stored in ``config.json``; a ``DamagedFileError`` naming the file when it has none."""
         run_id = self._config_file().get("run_id")
         if not isinstance(run_id, str):
             raise DamagedFileError(f"{self.config_path} has no run_id (written by an older vgrpo-lib, or edited): "

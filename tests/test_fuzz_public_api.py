@@ -540,7 +540,8 @@ def _malform_elbo_batch(draw, kind, td, dims, required):
         return flat, TypeError, r"pairs must be the TensorDict", []
     if kind == "pairs_device":
         flat["pairs"] = td["pairs"].to("meta")
-        return flat, ValueError, r"pairs\['(t|noise)'\] is on meta but sample is on cpu", []
+        # The loss checks every batch entry against the model's device before the estimator sees it.
+        return flat, ValueError, r"pairs \(the (stored )?timestep-noise pairs\) is on meta but the model is on cpu", []
     if kind == "cond_batch" and cond_dim:
         flat["cond"] = torch.zeros(batch + draw(st.sampled_from([-1, 1, 3])), cond_dim)
         return flat, ValueError, rf"cond must have batch size {batch}", []
