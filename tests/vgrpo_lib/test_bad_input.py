@@ -209,35 +209,6 @@ def test_timestep_sampler_parameter_errors():
 # -------------------------------------------------------------------------------------- loss modules
 
 
-@pytest.fixture
-def batches(make_model):
-    """Complete batches for the three losses."""
-    model = make_model(data_shape=(3,), cond_dim=2)
-    est = ELBOSurrogate(num_pairs=2, sharing="none")
-    sample = torch.randn(4, 3)
-    pairs = est.sample_pairs(sample)
-    with torch.no_grad():
-        old = est.evaluate(model, sample, torch.zeros(4, 2), pairs)
-    vgrpo = TensorDict(
-        {
-            "sample": sample,
-            "cond": torch.zeros(4, 2),
-            "advantage": torch.ones(4),
-            "pairs": pairs,
-            "old_log_prob": old["log_prob"].mean(1),
-            "old_x_pred": old["x_pred"],
-        },
-        batch_size=[4],
-    )
-    with torch.no_grad():
-        _, traj = sample_sde(model, torch.randn(4, 3), time_grid(3), torch.zeros(4, 2))
-    traj["cond"] = torch.zeros(4, 3, 2)
-    traj["advantage"] = torch.ones(4, 3)
-    traj["old_log_prob"] = traj.pop("log_prob")
-    nft = vgrpo.exclude("old_log_prob", "old_x_pred")
-    return model, est, vgrpo, traj, nft
-
-
 LOSS_KEYS = {
     "vgrpo": ["sample", "cond", "advantage", "pairs", "old_log_prob", "old_x_pred"],
     "flow": ["z", "z_next", "t", "t_next", "cond", "advantage", "old_log_prob"],

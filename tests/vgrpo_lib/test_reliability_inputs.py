@@ -6,10 +6,8 @@ import copy
 
 import pytest
 import torch
-from tensordict import TensorDict
 
-from vgrpo_lib import DiffusionNFTLoss, ELBOSurrogate, FlowGRPOLoss, VGRPOLoss, group_advantage, group_statistics
-from vgrpo_lib.samplers import sample_sde, time_grid
+from vgrpo_lib import DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss, group_advantage, group_statistics
 
 
 @pytest.mark.parametrize("magnitude", [1.0, 2e19, 1e30, 5e37])
@@ -28,22 +26,11 @@ def test_huge_float32_rewards_keep_their_advantages(magnitude):
 
 
 @pytest.fixture
-def losses_and_batches(make_model):
-    model = make_model(data_shape=(3,), cond_dim=2)
-    est = ELBOSurrogate(num_pairs=2, sharing="none")
-    sample = torch.randn(4, 3)
-    pairs = est.sample_pairs(sample)
-    with torch.no_grad():
-        old = est.evaluate(model, sample, torch.zeros(4, 2), pairs)
-    vgrpo = TensorDict({"sample": sample, "cond": torch.zeros(4, 2), "advantage": torch.ones(4), "pairs": pairs,
-                        "old_log_prob": old["log_prob"].mean(1)}, batch_size=[4])
-    with torch.no_grad():
-        _, flow = sample_sde(model, torch.randn(4, 3), time_grid(3), torch.zeros(4, 2))
-    flow["cond"], flow["advantage"] = torch.zeros(4, 3, 2), torch.ones(4, 3)
-    flow["old_log_prob"] = flow.pop("log_prob")
-    nft = vgrpo.exclude("old_log_prob")
+def losses_and_batches(batches):
+    """The three losses with complete batches (conftest's ``batches``; V-GRPO without its behaviour KL)."""
+    model, est, vgrpo, flow, nft = batches
     return model, {
-        "vgrpo": (VGRPOLoss(model, est), vgrpo),
+        "vgrpo": (VGRPOLoss(model, est), vgrpo.exclude("old_x_pred")),
         "flow_grpo": (FlowGRPOLoss(model), flow),
         "diffusion_nft": (DiffusionNFTLoss(model, copy.deepcopy(model), est), nft),
     }
