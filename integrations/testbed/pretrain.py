@@ -12,8 +12,8 @@ of it the CNN classifier; the runs are bitwise reproducible on one machine). The
 detectors are written by ``python -m integrations.testbed.geneval_digits.train_detector``.
 
 ``mnist_sd3`` (not part of ``all``) trains the MNIST-SD3 ``StableDiffusion3Pipeline`` and writes the folder
-``checkpoints/mnist_sd3/`` with its model card (:mod:`integrations.testbed.mnist_sd3.train`; about 45 minutes,
-one torch thread, after ``classifier``, whose readings the card reports).
+``checkpoints/mnist_sd3/`` with its model card (:mod:`integrations.testbed.mnist_sd3.train`; about 20 minutes at
+two torch threads on two cores, after ``classifier``, whose readings the card reports).
 
 The policies are pretrained with the core library's own loss (``vgrpo_lib.elbo.ELBOSurrogate``
 with ``weighting="v"``: minus the flow-matching loss on the velocity that the x-predicting MLP

@@ -8,10 +8,12 @@ configs; ``python -m integrations.testbed.pretrain mnist_sd3`` trains it and wri
   is one token (a chain of BPE merges spells it), any other lower-case text falls back to single
   characters, and CLIP's pre-tokenizer splits numerals into single digits ("407" -> 4, 0, 7), so
   unseen numbers are sequences of known tokens. ``CLIP_LENGTH`` tokens per prompt.
-* Text encoders: ``CLIPTextModelWithProjection`` x 2 (a small "CLIP-L" and a wider "CLIP-G"); no
-  T5 (``text_encoder_3=None``, SD3's T5-free mode: the pipeline appends ``max_sequence_length`` zero
-  tokens to the CLIP tokens; see ``T5_TOKENS``). Load the folder as diffusers documents for SD3 without
-  T5: ``from_pretrained(PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None)``.
+* Text encoders: ``CLIPTextModelWithProjection`` x 2 (a small "CLIP-L" and a wider "CLIP-G"). The
+  conditioning is SD3's T5-free mode: ``max_sequence_length`` zero tokens after the CLIP tokens (see
+  ``T5_TOKENS``). Training and the hub path run without T5 (``text_encoder_3=None``); the saved folder
+  holds a null T5 (``null_t5``: a ``T5EncoderModel`` whose every weight is zero, so its output is exactly
+  the zero tokens), so that a plain ``StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR)`` loads and
+  conditions exactly as the T5-free pipeline does.
 * VAE: ``AutoencoderKL``, 3 blocks of 16/32/64 channels (4x downsampling), 4 latent channels, no
   attention (fully convolutional), 0.65M parameters.
 * Transformer: ``SD3Transformer2DModel``, 4 joint blocks of 4 heads x 32, patch 2 (16 image tokens
@@ -42,6 +44,7 @@ JOINT_ATTENTION_DIM = CLIP_L["hidden_size"] + CLIP_G["hidden_size"]
 POOLED_DIM = CLIP_L["projection_dim"] + CLIP_G["projection_dim"]
 TRANSFORMER = dict(num_layers=4, attention_head_dim=32, num_attention_heads=4, patch_size=2)
 VAE_BLOCKS = (16, 32, 64)
+NULL_T5 = dict(d_kv=8, d_ff=8, num_layers=1, num_heads=1)
 _CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 _SPECIALS = ("<|startoftext|>", "<|endoftext|>")
 
@@ -71,6 +74,20 @@ def clip_tokenizer():
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=CLIP_LENGTH, unk_token="<|endoftext|>",
                               bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     return tokenizer
+
+
+def null_t5():
+    """SD3's third text encoder as a placeholder: ``(T5EncoderModel, T5TokenizerFast)`` whose every weight is
+    zero, so any prompt encodes to ``(B, max_sequence_length, JOINT_ATTENTION_DIM)`` exact zeros (SD3's
+    T5-free conditioning) in any dtype. The tokenizer is T5's with only its four special tokens."""
+    from transformers import T5Config, T5EncoderModel, T5TokenizerFast
+
+    tokenizer = T5TokenizerFast(extra_ids=0)
+    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=JOINT_ATTENTION_DIM, **NULL_T5))
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            parameter.zero_()
+    return encoder.eval(), tokenizer
 
 
 def _clip_encoder(vocab_size: int, sizes: dict):

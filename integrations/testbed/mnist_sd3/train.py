@@ -37,7 +37,7 @@ from diffusers.models.attention_processor import JointAttnProcessor2_0
 
 from integrations.testbed.data import load_mnist
 
-from .build import PIPELINE_DIR, T5_TOKENS, build_pipeline
+from .build import PIPELINE_DIR, T5_TOKENS, build_pipeline, null_t5
 from .card import describe, model_card
 from .prompts import digit_prompts, number_prompts
 from .render import (DIGIT_SIZE, NUMBER_SIZE, TINT_NAMES, TINTS, classifier_view, ocr_view, render_digits,
@@ -45,8 +45,8 @@ from .render import (DIGIT_SIZE, NUMBER_SIZE, TINT_NAMES, TINTS, classifier_view
 
 PIPELINE_DEFAULT_T5_TOKENS = 256  # StableDiffusion3Pipeline's default max_sequence_length
 
-VAE_RECIPE = dict(steps=400, batch_size=32, lr=2e-3, kl=1e-6, seed=100)
-FLOW_RECIPE = dict(steps=1500, digit_batch=64, number_batch=32, number_share=0.5, lr=1e-3, warmup=100,
+VAE_RECIPE = dict(steps=1200, batch_size=32, lr=2e-3, kl=1e-6, seed=100)
+FLOW_RECIPE = dict(steps=6000, digit_batch=64, number_batch=32, number_share=0.7, lr=1e-3, warmup=100,
                    p_uncond=0.1, seed=200, pool_seed=201, number_repeats=2)
 
 
@@ -339,13 +339,17 @@ def measure(pipe, classifier, engine) -> dict:
 
 
 def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR) -> None:
-    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors) plus ``card.json`` and the README model
-    card into ``folder``, replacing it as a whole (written next to it, then renamed)."""
+    """Write ``pipe`` (T5-free) in float16 with ``save_pretrained`` (safetensors), with ``null_t5`` as its third
+    text encoder so that a plain ``from_pretrained(folder)`` loads, plus ``card.json`` and the README model card,
+    into ``folder``, replacing it as a whole (written next to it, then renamed)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    encoder, tokenizer = null_t5()
+    pipe.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
     pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
     pipe.to(torch.float32)
+    pipe.register_modules(text_encoder_3=None, tokenizer_3=None)
     card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (tmp / "README.md").write_text(model_card(card))

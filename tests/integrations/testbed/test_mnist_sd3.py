@@ -223,9 +223,39 @@ def shipped():
 
     from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
-    # SD3 without T5 loads as diffusers documents it: text_encoder_3=None, tokenizer_3=None
+    # SD3 without T5 (what the preset loads): no zero tokens at max_sequence_length=0
     return StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None,
                                                     torch_dtype=torch.float32)
+
+
+def test_the_null_t5_encodes_every_prompt_to_exact_zeros():
+    from integrations.testbed.mnist_sd3.build import JOINT_ATTENTION_DIM, null_t5
+
+    encoder, tokenizer = null_t5()
+    ids = tokenizer(["the number 407", "a handwritten seven", ""], padding="max_length", max_length=256,
+                    truncation=True, return_tensors="pt").input_ids
+    for dtype in (torch.float32, torch.float16):
+        out = encoder.to(dtype)(ids)[0]
+        assert out.shape == (3, 256, JOINT_ATTENTION_DIM) and out.dtype == dtype and not out.any()
+
+
+def test_a_plain_from_pretrained_loads_and_conditions_exactly_as_the_t5_free_pipeline(shipped):
+    from diffusers import StableDiffusion3Pipeline
+
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+
+    plain = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float32)
+    assert type(plain.text_encoder_3).__name__ == "T5EncoderModel"
+    assert all(p.dtype == torch.float32 for p in plain.text_encoder_3.parameters())
+    prompts = ["the number 407", "a handwritten seven"]
+    for tokens in (256, 12):
+        got = plain.encode_prompt(prompts, None, None, do_classifier_free_guidance=True, max_sequence_length=tokens)
+        free = shipped.encode_prompt(prompts, None, None, do_classifier_free_guidance=True, max_sequence_length=tokens)
+        for a, b in zip(got, free):
+            assert torch.equal(a, b)
+    image = plain("the number 42", height=32, width=96, num_inference_steps=2,
+                  generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.size == (96, 32)
 
 
 def test_shipped_pipeline_loads_in_float32_with_the_real_classes(shipped):
