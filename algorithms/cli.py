@@ -27,7 +27,7 @@ from algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
     RunDirError, UsageError, filesystem_message,
 )
-from algorithms.presets import PRESETS, preset_overrides, task_overrides
+from algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
 from algorithms.run_dir import RunDir, atomic_write_bytes
 from algorithms.tasks import load_task, task_names
 from integrations.task_registry import resolve_task_name
@@ -41,7 +41,7 @@ def build_config(algo: str, task: str | None, preset: str, overrides: list[str])
     name: ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the
     user's ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
     preset_config = apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides(preset, algo)])
-    name = resolve_task_name(task or preset_config.task, preset)
+    name = resolve_task_name(task or preset_config.task, task_namespace(preset))
     config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name), *overrides])
     resolve_task_name(config.task)  # a task=... override is checked too
     return config

@@ -7,7 +7,8 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
 - ``official``: the testbed default plus every algorithm setting of the official code (``OFFICIAL``: loss, KL,
   advantages, trained timesteps, EMA, weight decay, batching into gradient steps), at the testbed's batch;
 - ``official-sd3.5-medium``: ``OFFICIAL`` at the official SD3.5-M scale (``OFFICIAL_SD3``: 48 prompts x 24
-  samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task.
+  samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task;
+- ``official-mnist-sd3``: ``OFFICIAL`` on the shipped MNIST-SD3 pipeline at its preset's scale (``PIPELINES``).
 
 The README's fidelity table lists each official setting, where it was read and what stands for it here.
 The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
@@ -134,13 +135,20 @@ PAPER = {
 PIPELINES = {
     "mnist-sd3": {
         "common": [
-            "task=mnist-sd3/digit", "model.dtype=float32", "model.without_t5=true", "model.max_sequence_length=0", "model.lora_rank=8", "model.lora_alpha=16",
-            "model.batch_size=128", "rollout.num_steps=10", "eval.num_steps=20", "eval.every=5", "eval.per_prompt=8",
-            "prompts_per_iteration=8", "group_size=8", "iterations=40", "checkpoint_every=5",
+            "task=mnist-sd3/digit", "model.dtype=float32", "model.without_t5=true", "model.max_sequence_length=0",
+            "model.lora_rank=8", "model.lora_alpha=16", "model.batch_size=128", "rollout.num_steps=10",
+            "eval.num_steps=20", "eval.every=25", "eval.per_prompt=8", "prompts_per_iteration=8", "group_size=8",
+            "iterations=300", "checkpoint_every=25",
         ],
         "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
         "flow_grpo": ["optim.lr=3e-4", "advantage.clip=5.0"],  # the official hard clip
         "diffusion_nft": ["optim.lr=3e-4", "advantage.clip=5.0"],  # Amax
+        # The peers at their testbed settings (see TESTBED) at the pipeline's learning rate.
+        "fpo": ["optim.lr=3e-4"],
+        "awm": ["optim.lr=3e-4"],
+        "grpo_guard": ["optim.lr=3e-4", "advantage.clip=5.0"],
+        "flow_grpo_fast": ["optim.lr=3e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8",
+                           "flow_grpo.clip_range=1e-5", "advantage.clip=5.0"],
     },
 }
 # Settings of one task of a pipeline preset, applied after the preset's (and after ``--task``).
@@ -148,20 +156,32 @@ PIPELINE_TASKS = {
     "mnist-sd3/ocr": ["eval.per_prompt=2"],
 }
 
-PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER, *PIPELINES)
+OFFICIAL_ON_PIPELINE = {f"official-{pipeline}": pipeline for pipeline in PIPELINES}
+"""``official-<pipeline>``: every algorithm's official settings (``OFFICIAL``) on a pipeline preset's model, task,
+batch and step counts (what ``vgrpo compare --preset <pipeline>`` runs)."""
+
+PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER, *PIPELINES, *OFFICIAL_ON_PIPELINE)
+
+
+def task_namespace(preset: str) -> str:
+    """The preset whose own tasks ``--task`` names under ``preset`` (``official-mnist-sd3``: ``mnist-sd3``)."""
+    return OFFICIAL_ON_PIPELINE.get(preset, preset)
 
 
 def preset_overrides(preset: str, algo: str) -> list[str]:
     """Overrides of ``preset`` for ``algo``; unknown presets raise a ValueError listing the valid ones."""
     if preset == "testbed":
         return list(TESTBED[algo])
-    if preset in ("official", "official-sd3.5-medium") and algo not in OFFICIAL:
+    if (preset in ("official", "official-sd3.5-medium") or preset in OFFICIAL_ON_PIPELINE) and algo not in OFFICIAL:
         raise ValueError(f"No official settings for {algo!r}; the {preset!r} preset covers {', '.join(OFFICIAL)}.")
     if preset == "official":
         return [*TESTBED[algo], *OFFICIAL[algo]]
     if preset == "official-sd3.5-medium":
         # V-GRPO's own SD3.5-M scale is the paper's (a 40-step DPM-Solver++ rollout), not the baselines' 10 steps.
         return [*OFFICIAL[algo], *(PAPER["sd3.5-medium"] if algo == "vgrpo" else OFFICIAL_SD3)]
+    if preset in OFFICIAL_ON_PIPELINE:
+        pipeline = PIPELINES[OFFICIAL_ON_PIPELINE[preset]]
+        return [*pipeline["common"], *pipeline.get(algo, []), *OFFICIAL[algo]]
     if preset in PAPER:
         return list(PAPER[preset])
     if preset in PIPELINES:

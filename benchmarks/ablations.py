@@ -66,10 +66,12 @@ REGIME_CELLS = {
 }
 
 
-def run_cell(out: Path, name: str, overrides: list[str], seeds: int, iterations: int) -> dict:
+def run_cell(out: Path, name: str, overrides: list[str], seeds: int, iterations: int, *, task: str | None = None,
+             preset: str = "testbed") -> dict:
+    """V-GRPO at ``preset`` on ``task`` (the preset's default for None) with ``BASE`` and ``overrides``, per seed."""
     finals, accuracies, diversities, bases = [], [], [], []
     for seed in range(seeds):
-        config = build_config("vgrpo", None, "testbed", BASE + [f"iterations={iterations}", f"seed={seed}", *overrides])
+        config = build_config("vgrpo", task, preset, BASE + [f"iterations={iterations}", f"seed={seed}", *overrides])
         trainer = Trainer(config, out / "runs" / f"{name.replace(' ', '_')}_seed{seed}", progress=False)
         trainer.train()
         tail = [m["reward_mean"] for m in trainer.metrics[-3:]]
@@ -110,20 +112,24 @@ def _selected(cells: dict[str, list[str]], names: list[str] | None) -> dict[str,
 
 
 def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quick: bool = False, task: str = "digit",
-                  cells: list[str] | None = None) -> dict:
-    """Run the ``paper`` set (on ``task``) or the ``regime`` map, or only the named ``cells`` of it."""
+                  cells: list[str] | None = None, preset: str = "testbed", overrides: list[str] | None = None) -> dict:
+    """Run the ``paper`` set (on ``task`` at ``preset``, e.g. ``mnist-sd3``) or the testbed's ``regime`` map, or
+    only the named ``cells`` of it; ``overrides`` (``key=value``) apply to every run before each cell's own."""
     out = Path(out)
     iterations = 20 if quick else 40
-    names = cells
+    names, common = cells, list(overrides or [])
     if which == "paper":
-        cells = {name: run_cell(out, name, [f"task={task}", *overrides], seeds, iterations)
-                 for name, overrides in _selected(PAPER_SET, names).items()}
-        report = {"set": "paper", "task": task, "seeds": seeds, "iterations": iterations, "cells": cells}
+        cells = {name: run_cell(out, name, [*common, *cell], seeds, iterations, task=task, preset=preset)
+                 for name, cell in _selected(PAPER_SET, names).items()}
+        report = {"set": "paper", "task": task, "preset": preset, "seeds": seeds, "iterations": iterations,
+                  "cells": cells}
+    elif which == "regime" and preset != "testbed":
+        raise ValueError(f"The regime map runs on the testbed's tasks; preset {preset!r} applies to the paper set.")
     elif which == "regime":
         cells = {}
-        for name, overrides in _selected(REGIME_CELLS, names).items():
-            vgrpo = run_cell(out, f"{name}/vgrpo", overrides, seeds, iterations)
-            naive = run_cell(out, f"{name}/naive", overrides + NAIVE, seeds, iterations)
+        for name, cell in _selected(REGIME_CELLS, names).items():
+            vgrpo = run_cell(out, f"{name}/vgrpo", [*common, *cell], seeds, iterations)
+            naive = run_cell(out, f"{name}/naive", [*common, *cell, *NAIVE], seeds, iterations)
             cells[name] = {"vgrpo": vgrpo, "naive": naive, "verdict": verdict(naive, vgrpo)}
         report = {"set": "regime", "seeds": seeds, "iterations": iterations, "margin": MARGIN, "cells": cells}
     else:

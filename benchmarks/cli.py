@@ -1,8 +1,14 @@
 """The ``vgrpo`` console command: the training commands of :mod:`algorithms.cli` plus the benchmarks.
 
-    vgrpo compare [--quick] [--seeds N] [--task digit] [--variants A B ...] --out DIR   the controlled comparison
-    vgrpo estimators [--quick] [--task digit] --out DIR               the estimator lab (+ ground truth)
-    vgrpo ablations [--set paper|regime] [--seeds N] [--quick] --out DIR   training-level ablations / regime map
+    vgrpo compare [--preset mnist-sd3] [--quick] [--seeds N] [--task digit] [--variants A B ...] --out DIR
+                                                                      the controlled comparison
+    vgrpo estimators [--preset mnist-sd3] [--quick] [--task digit] --out DIR   the estimator lab (+ ground truth)
+    vgrpo ablations [--preset mnist-sd3] [--set paper|regime] [--seeds N] [--quick] --out DIR
+                                                                      training-level ablations / regime map
+
+``--preset`` (default ``testbed``) picks the model the benchmark runs on: the MLP testbed, or a pipeline preset
+(``mnist-sd3``: the shipped MNIST-SD3 pipeline through the hub path), whose tasks ``--task`` names by their short
+names (``--preset mnist-sd3 --task ocr``).
 
 The benchmarks sit on top of the algorithms layer, so the command is assembled here.
 """
@@ -12,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from algorithms import cli as training_cli
-from algorithms.tasks import TASKS
+from algorithms.presets import PIPELINES
 
 __all__ = ["main"]
 
@@ -22,7 +28,7 @@ def _compare(args) -> int:
 
     kwargs = {} if args.variants is None else {"variants": tuple(args.variants)}
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
-                          iterations=args.iterations, **kwargs)
+                          iterations=args.iterations, pipeline=_pipeline(args.preset), **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -30,23 +36,34 @@ def _compare(args) -> int:
 def _estimators(args) -> int:
     from benchmarks.estimator_lab import run_lab
 
-    run_lab(args.out, quick=args.quick, task=args.task)
+    run_lab(args.out, quick=args.quick, task=args.task, preset=args.preset, overrides=args.overrides)
     return 0
 
 
 def _ablations(args) -> int:
     from benchmarks.ablations import markdown, run_ablations
 
-    report = run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task, cells=args.cells)
+    report = run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task, cells=args.cells,
+                           preset=args.preset, overrides=args.overrides)
     print(markdown(report))
     return 0
+
+
+def _pipeline(preset: str) -> str | None:
+    """The comparison's pipeline: None on the testbed (its variants' own presets), else the pipeline preset."""
+    return None if preset == "testbed" else preset
+
+
+BENCHMARK_PRESETS = ("testbed", *PIPELINES)
+TASK_HELP = "a task of the preset (testbed: digit, pair, style, ...; mnist-sd3: digit, ocr)"
 
 
 def make_parser():
     parser = training_cli.make_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
     compare = commands.add_parser("compare", help="V-GRPO against its baselines and peers, tuned alike, on one task")
-    compare.add_argument("--task", choices=sorted(TASKS), default="digit")
+    compare.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model to compare on")
+    compare.add_argument("--task", default="digit", help=TASK_HELP)
     compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
@@ -55,17 +72,21 @@ def make_parser():
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")
     compare.set_defaults(handler=_compare)
     estimators = commands.add_parser("estimators", help="the estimator lab: noise of each surrogate design")
-    estimators.add_argument("--task", choices=sorted(TASKS), default="digit")
+    estimators.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the rollout")
+    estimators.add_argument("--task", default="digit", help=TASK_HELP)
     estimators.add_argument("--quick", action="store_true")
     estimators.add_argument("--out", required=True)
+    estimators.add_argument("overrides", nargs="*", help="config overrides of the rollout's task and model")
     estimators.set_defaults(handler=_estimators)
     ablations = commands.add_parser("ablations", help="training-level ablations (paper) or the regime map (regime)")
     ablations.add_argument("--set", choices=("paper", "regime"), default="paper")
-    ablations.add_argument("--task", choices=sorted(TASKS), default="digit", help="task of the paper set")
+    ablations.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the paper set")
+    ablations.add_argument("--task", default="digit", help=f"the paper set's task: {TASK_HELP}")
     ablations.add_argument("--seeds", type=int, default=2)
     ablations.add_argument("--quick", action="store_true")
     ablations.add_argument("--cells", nargs="+", default=None, help="run only these cells of the set (names as listed)")
     ablations.add_argument("--out", required=True)
+    ablations.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     ablations.set_defaults(handler=_ablations)
     return parser
 

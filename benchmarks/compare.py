@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from algorithms.cli import build_config
+from algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS
 from algorithms.run_dir import atomic_write_text, pyplot, save_figure
 from algorithms.trainer import Trainer
 
@@ -97,11 +98,20 @@ VARIANTS: dict[str, Variant] = {
 TASK_OVERRIDES = {"pair": ["eval.per_prompt=4"]}
 
 
-def build(variant: str, task: str, seed: int, lr: float, control: str, overrides: list[str]):
+def variant_preset(variant: str, pipeline: str | None) -> str:
+    """The preset ``variant`` runs at: its own (``official``), or that preset on a pipeline (``official-mnist-sd3``)."""
+    preset = VARIANTS[variant].preset if pipeline is None else f"{VARIANTS[variant].preset}-{pipeline}"
+    if preset not in PRESETS:
+        raise ValueError(f"No preset {preset!r} for the comparison on {pipeline!r}; pipelines: "
+                         f"{', '.join(OFFICIAL_ON_PIPELINE.values())}.")
+    return preset
+
+
+def build(variant: str, task: str, seed: int, lr: float, control: str, overrides: list[str], pipeline: str | None = None):
     v = VARIANTS[variant]
     extra = [*v.overrides, *v.step_controls[control], *TASK_OVERRIDES.get(task, []), f"seed={seed}", f"optim.lr={lr}",
              *overrides]
-    return build_config(v.algo, task, v.preset, extra)
+    return build_config(v.algo, task, variant_preset(variant, pipeline), extra)
 
 
 def smoothed(metrics: list[dict]) -> list[float]:
@@ -208,8 +218,9 @@ def _check_variants(variants) -> None:
 
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
-                iterations: int | None = None) -> dict:
-    """Tune, fix the target, run the reported seeds and write the summary (see the module doc)."""
+                iterations: int | None = None, pipeline: str | None = None) -> dict:
+    """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
+    (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``."""
     if seeds < MIN_SEEDS and not quick:
         raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     _check_variants(variants)
@@ -217,9 +228,12 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     iterations = iterations or (30 if quick else 80)
     budget = [f"iterations={iterations}", "eval.every=10"]
     extra = budget + list(overrides or [])
+    for variant in variants:  # every setting must build before any run starts
+        for control in VARIANTS[variant].step_controls:
+            build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
 
     def train(variant: str, seed: int, lr: float, control: str) -> Trainer:
-        config = build(variant, task, seed, lr, control, extra)
+        config = build(variant, task, seed, lr, control, extra, pipeline)
         trainer = Trainer(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}", progress=False)
         trainer.train()
         print(f"{variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
@@ -235,7 +249,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         results = {key: summarise_run(t.metrics, t.evaluations, target["target"]) for key, t in runs.items()}
         chosen[variant] = min(results, key=lambda key: _score(results[key]))
         sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
-    protocol = {"task": task, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
+    protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
                 "overrides": list(overrides or []), "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target,
                 "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}

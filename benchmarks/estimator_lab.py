@@ -1,4 +1,4 @@
-"""The estimator lab: how noisy is each ELBO-surrogate design on real testbed rollouts?
+"""The estimator lab: how noisy is each ELBO-surrogate design on real rollouts (the testbed's or a pipeline's)?
 
 For each estimator configuration (``ESTIMATORS``) on the testbed's base policy and one rollout of B prompts x
 G samples with their real rewards and advantages, over R independent draws of timestep-noise pairs:
@@ -30,12 +30,15 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from algorithms.cli import build_config
+from algorithms.config import TrainConfig
 from algorithms.run_dir import atomic_write_text, pyplot, save_figure
-from algorithms.tasks import load_task
+from algorithms.tasks import load_task, repeat_each, rollout_grid
 from benchmarks.estimator_stats import (
     coefficient_of_variation,
     gradient_agreement,
@@ -45,7 +48,7 @@ from benchmarks.estimator_stats import (
 )
 from benchmarks.ground_truth import ground_truth_check
 from vgrpo_lib import ELBOSurrogate, GroupAdvantage
-from vgrpo_lib.samplers import sample_ode, time_grid
+from vgrpo_lib.samplers import sample_ode
 from vgrpo_lib.timesteps import Uniform, variance_optimal_density
 
 VGRPO = dict(num_pairs=4, timesteps="stratified", sharing="group", weighting="adaptive_x")
@@ -74,17 +77,21 @@ QUICK = ("naive", "vgrpo", "vgrpo_without_sharing", "vgrpo_without_stratified", 
          "vgrpo_antithetic (ours)", "vgrpo_antithetic_importance (ours)")
 
 
-def rollout(task_name: str, prompts: int, group_size: int, steps: int, seed: int):
-    """One CFG-free rollout of the task's base policy with rewards and group advantages."""
-    task = load_task(task_name)
+def rollout(config: TrainConfig, prompts: int, group_size: int, steps: int, seed: int):
+    """One CFG-free rollout of the base policy of ``config``'s task (any task of :mod:`algorithms.tasks`: the
+    testbed's or a pipeline's) on its rollout grid, with rewards and group advantages."""
+    task = load_task(config.task, config.model)
     policy = task.load_policy()
     generator = torch.Generator().manual_seed(seed)
-    cond = task.sample_prompts(prompts, generator).repeat_interleave(group_size, dim=0)
+    prompt_list = repeat_each(task.sample_prompts(prompts, generator), group_size)
+    cond = task.condition(prompt_list)
     group = torch.arange(prompts).repeat_interleave(group_size)
+    device = next(policy.parameters()).device
     with torch.no_grad():
-        noise = torch.randn((cond.shape[0], *task.image_shape), generator=generator)
-        sample = sample_ode(policy, noise, time_grid(steps), cond)
-        reward = task.reward()(task.decode(sample), cond)
+        noise = torch.randn((group.shape[0], *task.sample_shape), generator=generator).to(device)
+        sample = sample_ode(policy, noise, rollout_grid(task, replace(config.rollout, num_steps=steps)), cond)
+        reward = task.reward()(task.decode(sample), prompt_list).to(device)
+    group = group.to(device)
     return policy, sample, cond, group, GroupAdvantage()(reward, group)
 
 
@@ -147,11 +154,16 @@ def measure(estimator, policy, nearby, sample, cond, group, advantage, draws: in
     }
 
 
-def run_lab(out: str | Path, *, quick: bool = False, task: str = "digit", seed: int = 0, names=None) -> dict:
+def run_lab(out: str | Path, *, quick: bool = False, task: str = "digit", seed: int = 0, names=None,
+            preset: str = "testbed", overrides: list[str] | None = None) -> dict:
+    """Measure every estimator (``names``; default all, ``QUICK`` with ``quick``) on one rollout of ``task`` under
+    ``preset`` (``testbed``, or a pipeline preset such as ``mnist-sd3``) with config ``overrides`` (``key=value``,
+    e.g. ``model.path=...``) and write the report (module doc)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prompts, group_size, draws, gradient_draws = (4, 8, 16, 6) if quick else (8, 16, 32, 12)
-    policy, sample, cond, group, advantage = rollout(task, prompts, group_size, steps=20, seed=seed)
+    run_config = build_config("vgrpo", task, preset, list(overrides or []))
+    policy, sample, cond, group, advantage = rollout(run_config, prompts, group_size, steps=20, seed=seed)
     nearby = nearby_policy(policy, ELBOSurrogate(**VGRPO), sample, cond, group, advantage, lr=1e-4, seed=seed + 1)
     names = dict.fromkeys((*(names or (QUICK if quick else ESTIMATORS)), "vgrpo_importance (ours)"))
     density, moments = pilot_importance_density(policy, sample, cond, group, advantage, seed=seed + 3)
@@ -171,7 +183,7 @@ def run_lab(out: str | Path, *, quick: bool = False, task: str = "digit", seed: 
         {name: config for name, config in configs.items() if ESTIMATORS[name]["timesteps"] != PILOT}
     )
     report = {
-        "setup": {"task": task, "prompts": prompts, "group_size": group_size, "draws": draws,
+        "setup": {"task": run_config.task, "preset": preset, "prompts": prompts, "group_size": group_size, "draws": draws,
                   "gradient_draws": gradient_draws, "seed": seed, "rollout_steps": 20},
         "estimators": results,
         "ground_truth": ground_truth,
