@@ -7,9 +7,11 @@
     vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz     (the base policy)
     vgrpo sample --run RUN_DIR --per-prompt N --seed S --out FILE.npz              (a trained policy)
     vgrpo eval --run RUN_DIR
+    vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
+                                                   safetensors, with a model card; see algorithms.export)
 
 An expected failure prints one line, ``vgrpo COMMAND: error: ...``, and exits with its own code (see
-:mod:`algorithms.errors`: 2 usage or configuration, 3 run directory refused, 4 damaged file, 5 disk full / read-only
+:mod:`algorithms.errors`: 2 usage or configuration, 3 run directory (or export folder) refused, 4 damaged file, 5 disk full / read-only
 / no permission, 6 the policy diverged or the reward failed); an unexpected error keeps its traceback (exit 1).
 """
 
@@ -28,7 +30,8 @@ from algorithms.errors import (
     RunDirError, UsageError, filesystem_message,
 )
 from algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
-from algorithms.run_dir import RunDir, atomic_write_bytes
+from algorithms.export import export_run, load_run_policy
+from algorithms.run_dir import atomic_write_bytes
 from algorithms.tasks import load_task, task_names
 from integrations.task_registry import resolve_task_name
 from algorithms.trainer import RewardError, Trainer
@@ -45,22 +48,6 @@ def build_config(algo: str, task: str | None, preset: str, overrides: list[str])
     config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name), *overrides])
     resolve_task_name(config.task)  # a task=... override is checked too
     return config
-
-
-def load_run_policy(run_dir: str | Path):
-    """The config, task and trained policy (newest valid checkpoint) of a run directory."""
-    run = RunDir(run_dir)
-    try:
-        config = TrainConfig.from_dict(run.read_config())
-    except (TypeError, ValueError) as error:
-        raise DamagedFileError(f"{run.config_path} is not a valid run config: {error}") from error
-    state = run.load_latest_checkpoint()
-    if state is None:
-        raise RunDirError(f"{run.root} has no checkpoint yet.")
-    task = load_task(config.task, config.model)
-    policy = task.load_policy()
-    policy.load_state_dict(state["policy"])
-    return config, task, policy.eval()
 
 
 def _train(args) -> int:
@@ -85,7 +72,7 @@ def _sample(args) -> int:
     if args.run:
         if args.preset is not None or args.overrides:
             raise UsageError("--preset and overrides apply to the base policy; a --run samples with its saved config.")
-        config, task, policy = load_run_policy(args.run)
+        config, task, policy, _ = load_run_policy(args.run)
         if args.task and resolve_task_name(args.task, config.task.split("/")[0]) != config.task:
             raise UsageError(f"--task {args.task} does not match the run's task {config.task}.")
     else:
@@ -121,7 +108,7 @@ def _npz_bytes(**arrays) -> bytes:
 
 
 def _eval(args) -> int:
-    config, task, policy = load_run_policy(args.run)
+    config, task, policy, _ = load_run_policy(args.run)
     generator = torch.Generator().manual_seed(config.eval.seed)
     prompts = task.eval_prompts(args.per_prompt or config.eval.per_prompt)
     images = task.sample(policy, prompts, num_steps=config.eval.num_steps, generator=generator)
@@ -131,6 +118,12 @@ def _eval(args) -> int:
     )
     print_evaluation_table(task.evaluate(base_images, prompts), result)
     print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png')}")
+    return 0
+
+
+def _export(args) -> int:
+    files = export_run(args.run, args.out)
+    print(f"wrote {', '.join(path.name for path in files)} to {args.out}")
     return 0
 
 
@@ -159,7 +152,7 @@ def task_choices() -> list[str]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The ``vgrpo`` argument parser: ``train``, ``sample`` and ``eval``."""
+    """The ``vgrpo`` argument parser: ``train``, ``sample``, ``eval`` and ``export``."""
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -188,6 +181,12 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--run", required=True)
     evaluate.add_argument("--per-prompt", type=int, default=None)
     evaluate.set_defaults(handler=_eval)
+
+    export = commands.add_parser("export", help="write a run's policy for other tools (diffusers LoRA / safetensors) "
+                                 "with a model card")
+    export.add_argument("--run", required=True)
+    export.add_argument("--out", required=True, help="a new (or empty) folder")
+    export.set_defaults(handler=_export)
     return parser
 
 

@@ -3,7 +3,8 @@
     0  success
     1  an unexpected error (a bug, an out-of-memory): Python's traceback is kept
     2  usage or configuration: bad arguments or config values, missing model weights
-    3  the run directory refused: in use by another run, not empty, not a run, foreign checkpoints
+    3  the run directory refused: in use by another run, not empty, not a run, no or foreign checkpoints; an
+       export folder (`vgrpo export --out`) that holds files
     4  a damaged or unreadable file (named, with what is wrong)
     5  the file system refused a write: disk full, read-only, no permission (the file is named)
     6  training failed: the policy diverged (non-finite weights, samples or evaluation) or the reward failed

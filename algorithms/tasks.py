@@ -16,6 +16,8 @@ and optionally:
 
     time_grid(num_steps)               the task's own rollout grid (used when ``rollout.shift`` is None)
     behaviour_policy(policy)           a soft-updated frozen policy (default: a copy, see algorithms.policies)
+    export_policy(policy, directory)   write the policy for other tools (``vgrpo export``, :mod:`algorithms.export`)
+                                       and return the model card's ``base_model`` and ``usage``
 
 Tasks are built by name from :mod:`integrations.task_registry`. The embedded testbed provides tasks that run
 anywhere, and so does the shipped MNIST-SD3 pipeline (``mnist-sd3/digit``, ``mnist-sd3/ocr``) through the hub

@@ -54,7 +54,7 @@ from integrations.rewards.loading import MissingWeightsError
 
 from .flux import encode_prompts_flux
 from .lora import TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters
-from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy
+from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, absent_components
 from .sd3 import encode_prompts_sd3
 from .velocity import FlowTransformerAdapter
 
@@ -368,6 +368,28 @@ class DiffusersTask:
             grid[:, 2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = image
         array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         return atomic_write(path, lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
+
+
+    def export_policy(self, policy: LoRAPolicy, directory: str | os.PathLike) -> dict[str, str]:
+        """Write ``policy``'s trained LoRA adapter to ``directory`` in the diffusers format (peft's state dict of the
+        adapter and its config as metadata, through the pipeline class's ``save_lora_weights``), so that
+        ``Pipeline.from_pretrained(base).load_lora_weights(directory)`` gives the trained transformer. Returns the
+        model card's facts: ``base_model`` and ``usage`` (Python code loading it)."""
+        from peft.utils import get_peft_model_state_dict
+
+        pipeline_class = type(self.base.pipe)
+        transformer = policy.transformer
+        pipeline_class.save_lora_weights(
+            directory,
+            transformer_lora_layers=get_peft_model_state_dict(transformer, adapter_name=TRAINED_ADAPTER),
+            transformer_lora_adapter_metadata=transformer.peft_config[TRAINED_ADAPTER].to_dict(),
+        )
+        base_model = self.base.pipe.config._name_or_path
+        absent = "".join(f", {name}=None" for name in absent_components(base_model))
+        usage = (f"from diffusers import {pipeline_class.__name__}\n\n"
+                 f"pipe = {pipeline_class.__name__}.from_pretrained({base_model!r}{absent})\n"
+                 f"pipe.load_lora_weights({str(directory)!r})")
+        return {"base_model": base_model, "usage": usage}
 
 
 # -- the hub tasks the trainer knows by name -------------------------------------------------------------

@@ -31,9 +31,11 @@ FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge") + 
 CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
 
 
-def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR) -> None:
-    """Write ``NAME.safetensors`` (float16 weights) and ``NAME.json`` (kind, config, card) atomically."""
-    state = {k: v.detach().to(torch.float16).contiguous() if v.is_floating_point() else v.contiguous()
+def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR,
+                    dtype: torch.dtype = torch.float16) -> None:
+    """Write ``NAME.safetensors`` (floating-point weights in ``dtype``: float16 for the shipped files) and
+    ``NAME.json`` (kind, config, card) atomically."""
+    state = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
              for k, v in model.state_dict().items()}
     meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
     atomic_write(Path(directory) / f"{name}.safetensors", lambda tmp: save_file(state, tmp))

@@ -17,6 +17,7 @@ its training classifier AND an independent judge (see :mod:`integrations.testbed
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from integrations.testbed.checkpoints import load_pretrained
+from integrations.testbed.checkpoints import load_pretrained, save_checkpoint
 from integrations.testbed.data import to_images
 from integrations.testbed.evaluation import evaluate, sample_grid_png
 from integrations.testbed.rewards import (
@@ -146,6 +147,16 @@ class Task:
     def evaluate(self, images: torch.Tensor, prompts: torch.Tensor) -> dict:
         """``evaluation.evaluate(images, prompts, self)``."""
         return evaluate(images, prompts, self)
+
+    def export_policy(self, policy: nn.Module, directory: str | os.PathLike) -> dict[str, str]:
+        """Write ``policy`` to ``directory`` as a checkpoint named like the base policy (``<policy_name>.safetensors``
+        in float32 and ``<policy_name>.json``: kind and config), which ``load_pretrained(policy_name, directory)``
+        rebuilds. Returns the model card's facts: ``base_model`` and ``usage`` (Python code loading it)."""
+        save_checkpoint(self.policy_name, policy, {"base_model": self.policy_name, "task": self.name},
+                        Path(directory), dtype=torch.float32)
+        usage = ("from integrations.testbed.checkpoints import load_pretrained, save_checkpoint\n\n"
+                 f"policy = load_pretrained({self.policy_name!r}, directory={str(directory)!r})")
+        return {"base_model": f"the testbed's {self.policy_name} (integrations/testbed/checkpoints)", "usage": usage}
 
 
 def _digit_probability(classifier: nn.Module) -> Reward:

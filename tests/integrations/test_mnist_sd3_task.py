@@ -170,3 +170,38 @@ def test_a_short_vgrpo_run_on_the_shipped_pipeline_raises_the_held_out_reward(tm
     assert base["iteration"] == 0 and trained["iteration"] == 16
     assert trained["reward_mean"] >= base["reward_mean"] + 0.009
     assert trained["accuracy"] >= base["accuracy"]
+
+
+def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(pipeline, tmp_path):
+    """``vgrpo export`` of a one-iteration run: a fresh ``StableDiffusion3Pipeline`` with ``load_lora_weights(out)``
+    computes the trained policy's velocity (peft's LoRA scale alpha / r = 2 included), not the base model's."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from integrations.diffusers_adapters.presets import absent_components
+    from integrations.diffusers_adapters.sd3 import SD3Velocity
+
+    tiny = ["iterations=1", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=2", "vgrpo.num_pairs=1",
+            "eval.per_prompt=1", "eval.num_steps=1", "eval.every=0", "optim.lr=1e-2"]
+    trainer = Trainer(build_config("vgrpo", "digit", "mnist-sd3", [*tiny, *pipeline]), tmp_path / "run", progress=False)
+    trainer.train()
+    out = tmp_path / "lora"
+    assert cli_main(["export", "--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
+
+    path = pipeline[0].split("=", 1)[1]
+    pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=torch.float32, **absent_components(path))
+    pipe.load_lora_weights(out)
+    loaded = SD3Velocity(pipe.transformer)
+    g = torch.Generator().manual_seed(1)
+    task = trainer.task
+    x, t = torch.randn((3, *task.sample_shape), generator=g), torch.rand(3, generator=g)
+    cond = task.condition(task.eval_prompt_list[:3])
+    with torch.no_grad():
+        trained = trainer.policy(x, t, cond)
+        torch.testing.assert_close(loaded(x, t, cond), trained, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(task.reference_policy(trainer.policy)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
+
+    card = (out / "README.md").read_text()
+    assert f"base_model: {path}" in card and "| task | mnist-sd3/digit:" in card and "| judge_accuracy |" in card
+    assert f"pipe = StableDiffusion3Pipeline.from_pretrained({path!r}" in card
+    assert f"pipe.load_lora_weights({str(out)!r})" in card

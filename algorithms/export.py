@@ -1,0 +1,115 @@
+"""What a user takes away from a run: its trained policy, as other tools read it, with a model card.
+
+    vgrpo export --run RUN_DIR --out DIR
+
+``export_run(run_dir, out_dir)`` writes the policy of the run's newest valid checkpoint through its task's
+``export_policy`` (a diffusers task: the trained LoRA in the diffusers format, which
+``Pipeline.load_lora_weights(DIR)`` reads; a testbed task: a float32 safetensors file and its JSON config, which
+``load_pretrained(name, directory=DIR)`` reads) and ``README.md``, the model card: base model, algorithm, task and
+reward, iterations, and the run's last evaluation beside its first (the base policy's).
+
+The exported weights are the ones the run evaluates (:func:`load_run_policy`): the EMA of the trained weights when
+``optim.ema_decay`` is set, else the trained weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from algorithms.config import TrainConfig
+from algorithms.errors import DamagedFileError, RunDirError
+from algorithms.run_dir import RunDir, atomic_write_text
+from algorithms.tasks import load_task
+from integrations.task_registry import TASK_ENTRIES
+from vgrpo_lib import __version__
+
+
+class ExportDirExists(RunDirError, FileExistsError):
+    """``--out`` already holds files (an export never overwrites; exit code 3)."""
+
+
+def load_run_policy(run_dir: str | Path):
+    """The config, task, evaluated policy (in eval mode) and checkpoint state of a run's newest valid checkpoint.
+
+    The policy holds the weights the run evaluates: the EMA average when the run keeps one (``optim.ema_decay``),
+    else the trained weights. :class:`RunDirError` when the run has no checkpoint yet.
+    """
+    run = RunDir(run_dir)
+    try:
+        config = TrainConfig.from_dict(run.read_config())
+    except (TypeError, ValueError) as error:
+        raise DamagedFileError(f"{run.config_path} is not a valid run config: {error}") from error
+    state = run.load_latest_checkpoint()
+    if state is None:
+        raise RunDirError(f"{run.root} has no checkpoint yet.")
+    task = load_task(config.task, config.model)
+    policy = task.load_policy()
+    policy.load_state_dict(state["policy"])
+    if "ema" in state:  # the average of the trainable parameters, in their order (algorithms.policies.WeightEMA)
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for param, average in zip(trainable, state["ema"]["average"], strict=True):
+                param.copy_(average)
+    return config, task, policy.eval(), state
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Export the policy of the run in ``run_dir`` into ``out_dir`` (created; refused when it holds files) with a
+    model card; returns the files written."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportDirExists(f"{out} already exists and is not an empty folder; choose a new --out.")
+    config, task, policy, state = load_run_policy(run_dir)
+    evaluations = [e for e in RunDir(run_dir).read_jsonl("eval.jsonl") if e["iteration"] <= state["iteration"]]
+    out.mkdir(parents=True, exist_ok=True)
+    facts = task.export_policy(policy, out)
+    atomic_write_text(out / "README.md", model_card(config, state, evaluations, facts))
+    return sorted(out.iterdir())
+
+
+def model_card(config: TrainConfig, state: dict, evaluations: list[dict], facts: dict[str, str]) -> str:
+    """The model card (Markdown with a YAML header) of an exported policy: ``state`` is the checkpoint's,
+    ``evaluations`` the run's (``eval.jsonl``), ``facts`` what the task's ``export_policy`` returned."""
+    entry = TASK_ENTRIES[config.task]
+    reward = config.model.reward or f"the task's own ({entry.description})"
+    weights = (f"EMA of the trained weights (optim.ema_decay={config.optim.ema_decay}, every {config.optim.ema_every} "
+               f"gradient steps)" if config.optim.ema_decay is not None else "the trained weights")
+    lines = [
+        "---",
+        f"base_model: {facts['base_model']}",
+        f"tags: [vgrpo-lib, {config.algo}, reinforcement-learning]",
+        "---",
+        "",
+        f"# {config.algo} on {config.task}",
+        "",
+        f"Trained with vgrpo-lib {__version__} (`vgrpo train`), exported with `vgrpo export`.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | {facts['base_model']} |",
+        f"| algorithm | {config.algo} |",
+        f"| task | {config.task}: {entry.description} |",
+        f"| reward | {reward} |",
+        f"| iterations | {state['iteration']} of {config.iterations} ({config.prompts_per_iteration} prompts x "
+        f"{config.group_size} samples each) |",
+        f"| gradient steps | {state['counters']['grad_steps']} |",
+        f"| weights | {weights} |",
+        "",
+    ]
+    if evaluations:
+        base, last = evaluations[0], evaluations[-1]
+        e = config.eval
+        lines += [f"## Evaluation (iteration {last['iteration']}; held-out seeds, CFG-free, {e.num_steps} ODE steps, "
+                  f"{e.per_prompt} per prompt)", "",
+                  f"| metric | iteration {base['iteration']} | iteration {last['iteration']} |", "|---|---|---|"]
+        for key, value in last.items():
+            if key != "iteration" and isinstance(value, (int, float)):
+                before = base.get(key)
+                lines.append(f"| {key} | {'' if before is None else f'{before:.4g}'} | {value:.4g} |")
+        lines.append("")
+    else:
+        lines += ["## Evaluation", "", "The run recorded no evaluation.", ""]
+    lines += ["## Usage", "", "```python", facts["usage"], "```", ""]
+    return "\n".join(lines)
