@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from integrations.distributed import STRATEGIES
+from algorithms.run_logging import LOG_BACKENDS
 from algorithms.step_control import parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
@@ -427,6 +428,21 @@ class EvalConfig(Section):
     seed: int = 12345  # held-out seeds: independent of the training seed
 
 
+@dataclass
+class LogConfig(Section):
+    """Where the metrics and sample grids go besides the run directory's files (TorchRL's loggers, see
+    :mod:`algorithms.run_logging`)."""
+
+    # auto (TensorBoard when installed, else CSV) | tensorboard | csv | wandb (Weights & Biases; WANDB_MODE=offline
+    # keeps it on this machine)
+    backend: str = setting("auto", choices=LOG_BACKENDS)
+    project: str | None = None  # the wandb project (None: wandb's default)
+
+    def check(self, config: TrainConfig) -> None:
+        if self.project is not None and self.backend != "wandb":
+            raise ValueError(f"log.project names a wandb project; it needs log.backend=wandb, got {self.backend}.")
+
+
 PRECISIONS = ("float32", "bfloat16")
 
 
@@ -460,6 +476,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self):
         validate(self)

@@ -7,7 +7,7 @@
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id
-    RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: TensorBoard when installed, else CSV)
+    RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see algorithms.run_logging)
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
 moment leaves either the old or the new version; a run removes the temporary files of killed writes when it

@@ -38,6 +38,7 @@ from algorithms.policies import Policies, WeightEMA, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.rng import isolated_rng, rng_state, seed_everything, set_rng_state
 from algorithms.run_dir import RunDir, new_run_id, pyplot, save_figure
+from algorithms.run_logging import RunLogger, resolve_backend
 from algorithms.step_control import StepControl
 from algorithms.tasks import load_task, repeat_each, rollout_grid
 from integrations.distributed import (
@@ -140,7 +141,8 @@ class Trainer:
                          "train_cpu_s": 0.0}
         self.metrics: list[dict] = []
         self.evaluations: list[dict] = []
-        self.logger = None
+        resolve_backend(config.log.backend)  # a missing logger package fails here, before anything runs
+        self.logger: RunLogger | None = None  # opened by train()
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, progress: bool = True) -> Trainer:
@@ -411,15 +413,16 @@ class Trainer:
             grad_steps=self.counters["grad_steps"],
         )
         self.evaluations.append(result)
-        self.task.write_samples(images, prompts, self.run.root / f"samples_iter_{self.iteration:06d}.png")
+        self.task.write_samples(images, prompts, self._grid_path())
         return result
 
+    def _grid_path(self) -> Path:
+        return self.run.root / f"samples_iter_{self.iteration:06d}.png"
+
     def _log(self, row: dict, prefix: str) -> None:
-        if self.logger is None:
-            self.logger = make_logger(self.run.root / "logs")
-        for key, value in row.items():
-            if isinstance(value, (int, float)):
-                self.logger.log_scalar(f"{prefix}/{key}", float(value), step=self.iteration)
+        self.logger.scalars(row, prefix, self.iteration)
+        if prefix == "eval":
+            self.logger.image("eval/samples", self._grid_path(), self.iteration)
 
     def _write_files(self) -> None:
         self.run.write_rows("metrics.csv", self.metrics)
@@ -437,9 +440,12 @@ class Trainer:
         main = self.shard.is_main
         evaluates = main or is_sharded(self.policy)
         self._take_lock()
+        log = c.log
+        self.logger = RunLogger(log.backend, self.run.root / "logs", self.run_id, log.project, c.to_dict())
         try:
             return self._train(until, main, evaluates)
         finally:
+            self.logger.close()
             self.run.unlock()
 
     def _train(self, until: int, main: bool, evaluates: bool) -> list[dict]:
@@ -482,18 +488,6 @@ def check_finite_images(images: torch.Tensor, what: str) -> None:
     if bool(bad.any()):
         raise DivergenceError(f"The policy diverged: {int(bad.sum())} of {images.shape[0]} of {what} are NaN or inf; "
                               f"lower optim.lr.")
-
-
-def make_logger(log_dir: Path):
-    """TorchRL's TensorBoard logger when tensorboard is installed, else its CSV logger."""
-    from torchrl.record.loggers import CSVLogger
-
-    try:
-        from torchrl.record.loggers import TensorboardLogger
-
-        return TensorboardLogger(exp_name="run", log_dir=str(log_dir))
-    except (ImportError, ModuleNotFoundError):
-        return CSVLogger(exp_name="run", log_dir=str(log_dir))
 
 
 def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:

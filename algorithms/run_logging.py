@@ -1,0 +1,89 @@
+"""Where a run's metrics and sample grids go besides its own files: TorchRL's loggers (``log.backend``).
+
+    logger = RunLogger("wandb", run_dir / "logs", run_id, project="digits", hparams=config.to_dict())
+    logger.scalars(row, "train", step)           # every number of ``row`` as ``train/<key>``
+    logger.image("eval/samples", png, step)      # a sample grid PNG, as an image (wandb)
+    logger.close()                               # flush; a later call opens the experiment again
+
+``auto``: TensorBoard when installed, else CSV; ``tensorboard``, ``csv`` or ``wandb`` (Weights & Biases, whose
+run id is the run's, so a resumed run continues its wandb run; ``WANDB_MODE=offline`` keeps it on this machine).
+The experiment is opened at the first log, so nothing is written by a trainer that never logs. Sample grids are
+logged as images to wandb; the other backends keep them as the run directory's PNG files only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+LOG_BACKENDS = ("auto", "tensorboard", "csv", "wandb")
+
+
+def resolve_backend(backend: str) -> str:
+    """The concrete backend of ``backend`` (``auto``: tensorboard when installed, else csv); a ValueError naming
+    the package to install when the chosen one is missing."""
+    if backend == "auto":
+        return "tensorboard" if importlib.util.find_spec("tensorboard") else "csv"
+    if backend in ("tensorboard", "wandb") and importlib.util.find_spec(backend) is None:
+        raise ValueError(f"log.backend={backend} needs the {backend} package: pip install {backend}.")
+    return backend
+
+
+def make_logger(backend: str, log_dir: Path, run_id: str, project: str | None = None):
+    """TorchRL's logger for a concrete ``backend`` (see :func:`resolve_backend`) writing under ``log_dir``."""
+    if backend == "wandb":
+        from torchrl.record.loggers.wandb import WandbLogger
+
+        return WandbLogger(exp_name="run", save_dir=str(log_dir), id=run_id, project=project, log_env_packages=False)
+    if backend == "tensorboard":
+        from torchrl.record.loggers import TensorboardLogger
+
+        return TensorboardLogger(exp_name="run", log_dir=str(log_dir))
+    from torchrl.record.loggers import CSVLogger
+
+    return CSVLogger(exp_name="run", log_dir=str(log_dir))
+
+
+class RunLogger:
+    """One run's TorchRL logger, opened at its first use (see the module doc).
+
+    Args:
+        backend: one of :data:`LOG_BACKENDS` (checked here: a missing package fails before training).
+        log_dir: where the logger writes (the run directory's ``logs``).
+        run_id: the run's id (wandb's run id).
+        project: the wandb project.
+        hparams: the run's config, recorded by wandb as the run's config.
+    """
+
+    def __init__(self, backend: str, log_dir: Path, run_id: str, project: str | None = None,
+                 hparams: dict | None = None):
+        self.backend = resolve_backend(backend)
+        self.log_dir, self.run_id, self.project, self.hparams = Path(log_dir), run_id, project, hparams
+        self._logger = None
+
+    @property
+    def logger(self):
+        """The TorchRL logger (opened now if it is not yet)."""
+        if self._logger is None:
+            self._logger = make_logger(self.backend, self.log_dir, self.run_id, self.project)
+            if self.backend == "wandb" and self.hparams is not None:
+                self._logger.log_hparams(self.hparams)
+        return self._logger
+
+    def scalars(self, row: dict, prefix: str, step: int) -> None:
+        """Log every int / float of ``row`` as ``<prefix>/<key>`` at ``step`` (one record per call)."""
+        numbers = {f"{prefix}/{k}": float(v) for k, v in row.items() if isinstance(v, (int, float))}
+        self.logger.log_metrics(numbers, step=step)
+
+    def image(self, name: str, png: Path, step: int) -> None:
+        """Log the PNG file ``png`` as the image ``name`` at ``step`` (wandb; a no-op for the other backends)."""
+        if self.backend == "wandb":
+            import wandb
+
+            self.logger.log_metrics({name: wandb.Image(str(png))}, step=step)
+
+    def close(self) -> None:
+        """Flush and close the logger (wandb: finish the run); the next log opens it again."""
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
