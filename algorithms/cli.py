@@ -108,7 +108,7 @@ def _npz_bytes(**arrays) -> bytes:
 
 
 def _eval(args) -> int:
-    config, task, policy, _ = load_run_policy(args.run)
+    config, task, policy, state = load_run_policy(args.run)
     generator = torch.Generator().manual_seed(config.eval.seed)
     prompts = task.eval_prompts(args.per_prompt or config.eval.per_prompt)
     images = task.sample(policy, prompts, num_steps=config.eval.num_steps, generator=generator)
@@ -117,7 +117,8 @@ def _eval(args) -> int:
         task.load_policy().eval(), prompts, num_steps=config.eval.num_steps, generator=torch.Generator().manual_seed(config.eval.seed)
     )
     print_evaluation_table(task.evaluate(base_images, prompts), result)
-    print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png')}")
+    title = f"{config.algo} on {config.task}, iteration {state['iteration']} (vgrpo eval, CFG-free)"
+    print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png', title)}")
     return 0
 
 

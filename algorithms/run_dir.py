@@ -37,30 +37,13 @@ import torch
 
 from algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
 from integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
+from integrations.figures import pyplot, save_figure
 
 __all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
 
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
 LOCK_NAME = ".lock"
-
-
-def pyplot():
-    """matplotlib's pyplot on the non-interactive Agg backend (plots are files, never windows)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path, dpi: int = 100) -> None:
-    """Write ``fig`` as a PNG atomically and close it."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    pyplot().close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def rows_to_csv(rows: list[dict]) -> str:

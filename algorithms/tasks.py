@@ -10,7 +10,9 @@ A task is any object with this protocol (the testbed's :class:`integrations.test
     decode(samples)                    model space -> images in [0, 1] for the reward
     reward()                           reward(images, prompts) -> (N,)
     eval_prompts(per_prompt), sample(policy, prompts, num_steps, generator), evaluate(images, prompts)
-    write_samples(images, prompts, path)   a sample grid PNG
+    evaluation_metrics                 {key: label} of the headline numbers of ``evaluate`` (checked for
+                                       finiteness, plotted in reward.png, the first shown while training)
+    write_samples(images, prompts, path, title)   a sample grid PNG, one row per prompt labelled with it
 
 and optionally:
 

@@ -37,7 +37,8 @@ from algorithms.errors import DamagedFileError, DivergenceError
 from algorithms.policies import Policies, WeightEMA, make_behaviour
 from algorithms.registry import ALGORITHM_CLASSES
 from algorithms.rng import isolated_rng, rng_state, seed_everything, set_rng_state
-from algorithms.run_dir import RunDir, new_run_id, pyplot, save_figure
+from algorithms.plots import plot_run
+from algorithms.run_dir import RunDir, new_run_id
 from algorithms.run_logging import RunLogger, resolve_backend
 from algorithms.step_control import StepControl
 from algorithms.tasks import load_task, repeat_each, rollout_grid
@@ -402,7 +403,8 @@ class Trainer:
                 return None
             result = self.task.evaluate(images, prompts)
         # The scores (a diagnostic such as diversity may be undefined, e.g. NaN for one sample per prompt).
-        bad = [k for k in ("reward_mean", "accuracy", "judge_accuracy") if k in result and not math.isfinite(result[k])]
+        headline = ["reward_mean", *self.task.evaluation_metrics]
+        bad = [k for k in headline if k in result and not math.isfinite(result[k])]
         if bad:
             raise DivergenceError(f"The evaluation at iteration {self.iteration} is not finite ({', '.join(bad)}).")
         result.update(
@@ -413,7 +415,9 @@ class Trainer:
             grad_steps=self.counters["grad_steps"],
         )
         self.evaluations.append(result)
-        self.task.write_samples(images, prompts, self._grid_path())
+        ema = "" if self.ema is None else ", EMA weights"
+        title = f"{self.config.algo} on {self.config.task}, iteration {self.iteration} (held-out seeds, CFG-free{ema})"
+        self.task.write_samples(images, prompts, self._grid_path(), title)
         return result
 
     def _grid_path(self) -> Path:
@@ -429,7 +433,7 @@ class Trainer:
         flat = [{k: v for k, v in e.items() if not isinstance(v, dict)} for e in self.evaluations]
         self.run.write_rows("eval.csv", flat)
         self.run.write_jsonl("eval.jsonl", self.evaluations)
-        plot_run(self.metrics, flat, self.run.root / "reward.png")
+        plot_run(self.metrics, flat, self.task.evaluation_metrics, self.run.root / "reward.png")
 
     def train(self, until: int | None = None) -> list[dict]:
         """Run (or continue) until ``config.iterations``, or stop after iteration ``until`` with a checkpoint (as
@@ -468,8 +472,8 @@ class Trainer:
                     self._log(row, "train")
                     if evaluation is not None:
                         self._log(evaluation, "eval")
-                        accuracy = {"acc": f"{evaluation['accuracy']:.3f}"} if "accuracy" in evaluation else {}  # testbed
-                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **accuracy)
+                        first = next(iter(self.task.evaluation_metrics))
+                        bar.set_postfix({"reward": f"{row['reward_mean']:.3f}", first: f"{evaluation[first]:.3f}"})
                     else:
                         bar.set_postfix(reward=f"{row['reward_mean']:.3f}")
                     self._write_files()
@@ -488,33 +492,3 @@ def check_finite_images(images: torch.Tensor, what: str) -> None:
     if bool(bad.any()):
         raise DivergenceError(f"The policy diverged: {int(bad.sum())} of {images.shape[0]} of {what} are NaN or inf; "
                               f"lower optim.lr.")
-
-
-def plot_run(metrics: list[dict], evaluations: list[dict], path: Path) -> None:
-    """Training reward and evaluation accuracy (training classifier vs independent judge) against iteration."""
-    plt = pyplot()
-
-    # A multi-reward run also plots each reward (raw scores, one curve each: their scales differ).
-    parts = [k for k in (metrics[0] if metrics else {}) if k.startswith("reward_") and k.endswith("_mean") and k != "reward_mean"]
-    fig, (left, right, *each) = plt.subplots(1, 3 if parts else 2, figsize=(15 if parts else 10, 3.6))
-    if metrics:
-        left.plot([m["iteration"] + 1 for m in metrics], [m["reward_mean"] for m in metrics])
-    left.set(xlabel="iteration", ylabel="mean training reward", title="reward")
-    for key in parts:
-        each[0].plot([m["iteration"] + 1 for m in metrics], [m[key] for m in metrics], label=key[len("reward_"):-len("_mean")])
-    if parts:
-        each[0].legend()
-        each[0].set(xlabel="iteration", ylabel="mean raw score", title="each reward")
-    # Testbed tasks report classifier and judge accuracy; other tasks (diffusers) their evaluation reward.
-    curves = {"accuracy": ("o", "classifier (reward model)"), "judge_accuracy": ("s", "independent judge")}
-    if evaluations and "accuracy" not in evaluations[0]:
-        curves = {"reward_mean": ("o", "reward")}
-    if evaluations:
-        x = [e["iteration"] for e in evaluations]
-        for key, (marker, label) in curves.items():
-            right.plot(x, [e[key] for e in evaluations], marker=marker, label=label)
-        right.legend()
-    ylabel = "accuracy" if "accuracy" in curves else "reward"
-    right.set(xlabel="iteration", ylabel=f"{ylabel} (held-out seeds, CFG-free)", title="evaluation")
-    fig.tight_layout()
-    save_figure(fig, path)

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from integrations.atomic import atomic_write
+from integrations.figures import prompt_rows, write_labelled_grid
 from integrations.rewards.loading import MissingWeightsError
 
 from .flux import encode_prompts_flux
@@ -105,6 +105,11 @@ def _keep_trained_lora(module, state_dict, prefix, local_metadata) -> None:
 
 def _ignore_missing_frozen(module, incompatible_keys) -> None:
     incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if _is_trained_lora(k)]
+
+
+def _short(text: str, length: int = 48) -> str:
+    """``text`` cut to ``length`` characters (an ellipsis marks the cut): a row label."""
+    return text if len(text) <= length else text[: length - 1] + "\u2026"
 
 
 def read_prompts(source: str | os.PathLike | Sequence[str]) -> list[str]:
@@ -197,12 +202,15 @@ class DiffusersTask:
             :meth:`evaluate`.
         label: ``label(prompt) -> int | str``, what a prompt asks for (a digit, a number), written beside the
             images by ``vgrpo sample``.
+        evaluation_metrics: the headline numbers of :meth:`evaluate` and their labels, ``{key: label}`` (the
+            trainer checks them, plots them and shows the first while training); default ``reward_mean``.
     """
 
     def __init__(self, base: DiffusersPolicy, prompts, reward, image_size: int | tuple[int, int] = 512, *,
                  eval_prompts=None, lora_rank: int = 32, lora_alpha: int = 64, max_sequence_length: int | None = None,
                  gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
-                 eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None):
+                 eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None,
+                 evaluation_metrics: Mapping[str, str] | None = None):
         if getattr(base.model.transformer, "peft_config", None):
             raise ValueError("DiffusersTask adds its own LoRA adapter: load the DiffusersPolicy with lora_rank=None.")
         self.base = base
@@ -216,6 +224,7 @@ class DiffusersTask:
         self.gradient_checkpointing = gradient_checkpointing
         self.batch_size, self.cache_size, self.eval_solver = batch_size, cache_size, eval_solver
         self.metrics, self.label = metrics, label
+        self.evaluation_metrics = dict(evaluation_metrics or {"reward_mean": "mean reward"})
         self._cache: OrderedDict[str, TensorDict] = OrderedDict()
         self._policy: LoRAPolicy | None = None
         self._reward = None
@@ -349,26 +358,19 @@ class DiffusersTask:
             out.update(self.metrics(images, list(prompts), scores))
         return out
 
-    def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike,
+    def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike, title: str = "",
                       max_images: int = 64, thumbnail: int = 256) -> Path:
-        """An RGB PNG grid of the first ``max_images`` images, each shrunk to at most ``thumbnail`` px, one row
-        per prompt when prompts repeat (written atomically)."""
-        from PIL import Image
-
-        images = images[:max_images].float().clamp(0, 1)
+        """A PNG grid of evaluation images (prompts repeated consecutively), each shrunk to at most ``thumbnail`` px:
+        one row per prompt labelled with it, at most ``max_images`` images, under ``title``, written atomically."""
+        per_prompt = sum(1 for p in prompts if p == prompts[0])
+        per_row = min(per_prompt, max_images)
+        index, starts = prompt_rows(len(prompts), per_prompt, per_row, max(1, max_images // per_row))
+        images = images[index].float().clamp(0, 1)
         scale = min(1.0, thumbnail / max(images.shape[-2:]))
         if scale < 1.0:
             images = F.interpolate(images, scale_factor=scale, mode="bilinear", antialias=True).clamp(0, 1)
-        per_row = max(1, sum(1 for p in prompts if p == prompts[0]))
-        n, _, h, w = images.shape
-        cols, rows = min(per_row, n), -(-n // min(per_row, n))
-        grid = torch.full((3, rows * (h + 2) + 2, cols * (w + 2) + 2), 0.5)
-        for i, image in enumerate(images):
-            r, c = divmod(i, cols)
-            grid[:, 2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = image
-        array = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-        return atomic_write(path, lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
-
+        labels = [_short(prompts[i]) for i in starts]
+        return write_labelled_grid(images, labels, title, path)
 
     def export_policy(self, policy: LoRAPolicy, directory: str | os.PathLike) -> dict[str, str]:
         """Write ``policy``'s trained LoRA adapter to ``directory`` in the diffusers format (peft's state dict of the
@@ -439,7 +441,8 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
              image_size: int | tuple[int, int] | None = None, lora_rank: int = 32, lora_alpha: int = 64,
              device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
              gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
-             metrics: Callable | None = None, label: Callable | None = None) -> DiffusersTask:
+             metrics: Callable | None = None, label: Callable | None = None,
+             evaluation_metrics: Mapping[str, str] | None = None) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
 
@@ -484,4 +487,5 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         batch_size=batch_size,
         metrics=metrics,
         label=label,
+        evaluation_metrics=evaluation_metrics,
     )

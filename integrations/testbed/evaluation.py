@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from integrations.atomic import atomic_write
+from integrations.figures import pyplot, tile
 from integrations.testbed.rewards import WeightedReward, slot_logits
 
 if TYPE_CHECKING:
@@ -88,21 +89,10 @@ def sample_grid_png(images: torch.Tensor, path: str | os.PathLike, nrow: int = 1
     The file appears atomically (written to a temporary file in the same folder, then renamed), so a
     reader never sees a half-written image. Returns the path.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     if images.ndim != 4 or images.shape[1] != 1 or images.shape[0] == 0:
         raise ValueError(f"images must be a non-empty (N, 1, H, W) tensor, got {tuple(images.shape)}")
     if nrow < 1:
         raise ValueError(f"nrow must be >= 1, got {nrow}")
-    n, _, h, w = images.shape
-    ncol = min(nrow, n)
-    rows = -(-n // ncol)
-    grid = torch.full((rows * (h + padding) + padding, ncol * (w + padding) + padding), 0.5)
-    for i, img in enumerate(images.detach().float().clamp(0, 1).cpu()):
-        r, c = divmod(i, ncol)
-        top, left = padding + r * (h + padding), padding + c * (w + padding)
-        grid[top : top + h, left : left + w] = img[0]
+    grid = tile(images, min(nrow, images.shape[0]), padding)[0]
+    plt = pyplot()
     return atomic_write(path, lambda tmp: plt.imsave(tmp, grid.numpy(), cmap="gray", vmin=0.0, vmax=1.0, format="png"))

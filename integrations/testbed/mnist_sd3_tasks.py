@@ -133,18 +133,22 @@ def ocr_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor)
 
 @dataclass(frozen=True)
 class MnistSD3Spec:
-    """What one MNIST-SD3 task brings: prompts per split, image size, reward, metrics and label."""
+    """What one MNIST-SD3 task brings: prompts per split, image size, reward, metrics (and the labels of the
+    headline ones) and label."""
 
     prompts: Callable[[str], list[tuple[str, object]]]
     image_size: tuple[int, int]
     reward: Callable[[], Callable]
     metrics: Callable[[torch.Tensor, list[str], torch.Tensor], dict]
     label: Callable[[str], object]
+    evaluation_metrics: dict[str, str]
 
 
 MNIST_SD3_TASKS = {
-    "digit": MnistSD3Spec(grammar.digit_prompts, render.DIGIT_SIZE, digit_reward, digit_metrics, grammar.parse_digit),
-    "ocr": MnistSD3Spec(grammar.number_prompts, render.NUMBER_SIZE, ocr_reward, ocr_metrics, grammar.parse_number),
+    "digit": MnistSD3Spec(grammar.digit_prompts, render.DIGIT_SIZE, digit_reward, digit_metrics, grammar.parse_digit,
+                          {"accuracy": "classifier (reward model)", "judge_accuracy": "independent judge (MLP)"}),
+    "ocr": MnistSD3Spec(grammar.number_prompts, render.NUMBER_SIZE, ocr_reward, ocr_metrics, grammar.parse_number,
+                        {"accuracy": "OCR reads it (reward model)", "judge_accuracy": "independent judge (MLP)"}),
 }
 
 
@@ -164,5 +168,6 @@ def mnist_sd3_task(kind: str, *, prompts=None, eval_prompts=None, reward=None, i
         image_size=spec.image_size if image_size is None else image_size,
         metrics=spec.metrics,
         label=spec.label,
+        evaluation_metrics=spec.evaluation_metrics,
         **settings,
     )

@@ -28,7 +28,8 @@ from torch import nn
 
 from integrations.testbed.checkpoints import load_pretrained, save_checkpoint
 from integrations.testbed.data import to_images
-from integrations.testbed.evaluation import evaluate, sample_grid_png
+from integrations.figures import prompt_rows, write_labelled_grid
+from integrations.testbed.evaluation import evaluate
 from integrations.testbed.rewards import (
     DigitProbability,
     Reward,
@@ -135,14 +136,22 @@ class Task:
         """Images ``(B, *image_shape)`` in ``[0, 1]`` from ``policy``; kwargs as in ``sample_images``."""
         return sample_images(policy, prompts, **kwargs)
 
-    def write_samples(self, images: torch.Tensor, prompts: torch.Tensor, path) -> Path:
-        """A PNG grid of evaluation images (prompts repeated consecutively): one row per prompt, at most 10
-        images per row and 200 in all, written atomically."""
+    @property
+    def evaluation_metrics(self) -> dict[str, str]:
+        """The headline numbers of :meth:`evaluate` and their labels (checked, plotted and shown by the trainer)."""
+        return {"accuracy": "classifier (reward model)", "judge_accuracy": "independent judge"}
+
+    def prompt_label(self, prompt: torch.Tensor) -> str:
+        """How a prompt reads: ``"7"``, or ``"3 then 7"`` for several slots."""
+        return " then ".join(str(int(digit)) for digit in prompt.reshape(-1))
+
+    def write_samples(self, images: torch.Tensor, prompts: torch.Tensor, path, title: str = "") -> Path:
+        """A PNG grid of evaluation images (prompts repeated consecutively): one row per prompt labelled with it
+        (at most 10 images per row and 20 rows), under ``title``, written atomically."""
         same = prompts == prompts[0]
         per_prompt = int((same.all(-1) if prompts.ndim > 1 else same).sum())
-        shown = min(per_prompt, 10)
-        keep = torch.arange(images.shape[0]) % per_prompt < shown
-        return sample_grid_png(images[keep][:200], path, nrow=shown)
+        index, starts = prompt_rows(images.shape[0], per_prompt, max_per_row=10, max_rows=20)
+        return write_labelled_grid(images[index], [self.prompt_label(prompts[i]) for i in starts], title, path)
 
     def evaluate(self, images: torch.Tensor, prompts: torch.Tensor) -> dict:
         """``evaluation.evaluate(images, prompts, self)``."""
