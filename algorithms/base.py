@@ -43,9 +43,9 @@ class Algorithm:
         self.config, self.sample_shape, self.grid = config, tuple(sample_shape), list(grid)
         self.policy, self.reference, self.behaviour = policies.trained, policies.reference, policies.behaviour
         self.loss_module: nn.Module | None = None
-        # This process's block of the global batch; the trainer sets it in multi-process runs. Batch-sized random
-        # draws go through it (drawn globally, block kept) so that W processes reproduce one.
-        self.shard = Shard()
+        # This process's block of the global batch (of the current process group: single-process without one).
+        # Batch-sized random draws go through it (drawn globally, block kept) so that W processes reproduce one.
+        self.shard = Shard.current()
 
     @staticmethod
     def needs_reference(config: TrainConfig) -> bool:

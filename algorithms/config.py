@@ -124,8 +124,17 @@ class OptimConfig(Section):
     # warm-up min((1 + s) / (10 + s), ema_decay)); None: off
     ema_decay: float | None = setting(None, rule=UNIT_INTERVAL)
     ema_every: int = setting(1, rule=AT_LEAST_ONE)  # gradient steps between EMA updates (official Flow-GRPO 8, NFT 1)
+    # early stop of the epochs: skip the rest once an epoch's mean approx_kl_k3 exceeds this (None: never); for the
+    # algorithms with an importance ratio (a clip_range)
+    max_kl: float | None = setting(None, rule=POSITIVE)
 
     def check(self, config: TrainConfig) -> None:
+        if self.max_kl is not None:
+            ratio = [name for name, s in _algorithm_sections().items() if "clip_range" in {f.name for f in fields(s)}]
+            if not any(config.algo in _algorithm_sections()[name].algorithms for name in ratio):
+                users = [algo for name in ratio for algo in _algorithm_sections()[name].algorithms]
+                raise ValueError(f"optim.max_kl stops on the importance ratio's KL, which {config.algo} does not have; "
+                                 f"it is used by {', '.join(users)}.")
         if self.minibatches is not None and self.minibatch_size is not None:
             raise ValueError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
         if self.ema_decay is not None and config.distributed.strategy == "fsdp2":

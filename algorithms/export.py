@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from algorithms.config import TrainConfig
-from algorithms.errors import DamagedFileError, RunDirError
+from algorithms.errors import RunDirError
 from algorithms.run_dir import RunDir, atomic_write_text
 from algorithms.tasks import load_task
 from integrations.task_registry import TASK_ENTRIES
@@ -37,10 +37,7 @@ def load_run_policy(run_dir: str | Path):
     else the trained weights. :class:`RunDirError` when the run has no checkpoint yet.
     """
     run = RunDir(run_dir)
-    try:
-        config = TrainConfig.from_dict(run.read_config())
-    except (TypeError, ValueError) as error:
-        raise DamagedFileError(f"{run.config_path} is not a valid run config: {error}") from error
+    config = run.train_config()
     state = run.load_latest_checkpoint()
     if state is None:
         raise RunDirError(f"{run.root} has no checkpoint yet.")

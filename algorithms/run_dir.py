@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from algorithms.config import TrainConfig
 from algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
 from integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
 from integrations.figures import pyplot, save_figure
@@ -198,6 +199,18 @@ class RunDir:
         self._lock_handle.close()
         self._lock_handle = None
 
+    def take(self, fresh: bool) -> None:
+        """Take the lock for a run (a new one, ``fresh``, checks again under the lock that the folder is fresh) and
+        remove the temporary files of killed writes; released again if anything fails."""
+        self.lock()
+        try:
+            if fresh:
+                self.refuse_unless_fresh()
+            self.remove_leftovers()
+        except BaseException:
+            self.unlock()
+            raise
+
     def remove_leftovers(self) -> list[Path]:
         """Delete the temporary files of killed writes and manifests without their checkpoint (call under the
         lock); returns what was removed."""
@@ -219,6 +232,14 @@ class RunDir:
         config = dict(self._config_file())
         config.pop("run_id", None)
         return config
+
+    def train_config(self) -> TrainConfig:
+        """The saved config as a :class:`~algorithms.config.TrainConfig`; a ``DamagedFileError`` naming the file
+        when it does not make one."""
+        try:
+            return TrainConfig.from_dict(self.read_config())
+        except (TypeError, ValueError) as error:
+            raise DamagedFileError(f"{self.config_path} is not a valid run config: {error}") from error
 
     def run_id(self) -> str:
         """The run id stored in ``config.json``; a ``DamagedFileError`` naming the file when it has none."""
