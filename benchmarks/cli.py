@@ -55,15 +55,12 @@ def _pipeline(preset: str) -> str | None:
 
 
 BENCHMARK_PRESETS = ("testbed", *PIPELINES)
-TASK_HELP = "a task of the preset (testbed: digit, pair, style, ...; mnist-sd3: digit, ocr)"
-
-
 def make_parser():
     parser = training_cli.make_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
     compare = commands.add_parser("compare", help="V-GRPO against its baselines and peers, tuned alike, on one task")
     compare.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model to compare on")
-    compare.add_argument("--task", default="digit", help=TASK_HELP)
+    compare.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
     compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
@@ -73,7 +70,7 @@ def make_parser():
     compare.set_defaults(handler=_compare)
     estimators = commands.add_parser("estimators", help="the estimator lab: noise of each surrogate design")
     estimators.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the rollout")
-    estimators.add_argument("--task", default="digit", help=TASK_HELP)
+    estimators.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
     estimators.add_argument("--quick", action="store_true")
     estimators.add_argument("--out", required=True)
     estimators.add_argument("overrides", nargs="*", help="config overrides of the rollout's task and model")
@@ -81,7 +78,7 @@ def make_parser():
     ablations = commands.add_parser("ablations", help="training-level ablations (paper) or the regime map (regime)")
     ablations.add_argument("--set", choices=("paper", "regime"), default="paper")
     ablations.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the paper set")
-    ablations.add_argument("--task", default="digit", help=f"the paper set's task: {TASK_HELP}")
+    ablations.add_argument("--task", default="digit", help=f"the paper set's task: {training_cli.TASK_HELP}")
     ablations.add_argument("--seeds", type=int, default=2)
     ablations.add_argument("--quick", action="store_true")
     ablations.add_argument("--cells", nargs="+", default=None, help="run only these cells of the set (names as listed)")

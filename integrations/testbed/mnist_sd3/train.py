@@ -50,6 +50,16 @@ FLOW_RECIPE = dict(steps=6000, digit_batch=64, number_batch=32, number_share=0.7
                    p_uncond=0.1, seed=200, pool_seed=201, number_repeats=2)
 
 
+def optimizer_step(opt, sched, loss: torch.Tensor, clip_params=None) -> None:
+    """One AdamW step on ``loss`` and one scheduler step; gradient norm clipped at 1 over ``clip_params`` if given."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_params is not None:
+        torch.nn.utils.clip_grad_norm_(clip_params, 1.0)
+    opt.step()
+    sched.step()
+
+
 def vae_batches(digits: torch.Tensor, labels: torch.Tensor, batch_size: int, generator: torch.Generator):
     """Endless VAE batches ``(batch_size, 3, 32, 32)``: half tinted digits, half tinted 32x32 windows of numbers."""
     half = batch_size // 2
@@ -83,10 +93,7 @@ def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: i
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
         recon = vae.decode(z).sample
         loss = F.l1_loss(recon, x) + F.mse_loss(recon, x) + kl * posterior.kl().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+        optimizer_step(opt, sched, loss)
         if (step + 1) % 100 == 0 or step == 0:
             log(f"vae step {step + 1}/{steps} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
         if callback is not None:
@@ -254,11 +261,7 @@ def train_flow(pipe, pools: dict, *, steps: int, digit_batch: int, number_batch:
         v = pipe.transformer(hidden_states=x_t, timestep=1000 * t, encoder_hidden_states=embeds,
                              pooled_projections=pooled, return_dict=False)[0]
         loss = F.mse_loss(v, eps - z)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(opt, sched, loss, clip_params=params)
         if (step + 1) % 50 == 0 or step == 0:
             log(f"flow step {step + 1}/{steps} {task} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
         if callback is not None:
