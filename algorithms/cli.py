@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from algorithms.errors import (
     RunDirError, UsageError, filesystem_message,
 )
 from algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
+from algorithms.evaluation import evaluate_policy
 from algorithms.export import export_run, load_run_policy
 from algorithms.run_dir import atomic_write_bytes
 from algorithms.tasks import load_task, task_names
@@ -108,15 +110,11 @@ def _npz_bytes(**arrays) -> bytes:
 
 
 def _eval(args) -> int:
-    config, task, policy, state = load_run_policy(args.run)
-    generator = torch.Generator().manual_seed(config.eval.seed)
-    prompts = task.eval_prompts(args.per_prompt or config.eval.per_prompt)
-    images = task.sample(policy, prompts, num_steps=config.eval.num_steps, generator=generator)
-    result = task.evaluate(images, prompts)
-    base_images = task.sample(
-        task.load_policy().eval(), prompts, num_steps=config.eval.num_steps, generator=torch.Generator().manual_seed(config.eval.seed)
-    )
-    print_evaluation_table(task.evaluate(base_images, prompts), result)
+    config, task, policy, state, base = load_run_policy(args.run, with_base=True)
+    settings = replace(config.eval, per_prompt=args.per_prompt or config.eval.per_prompt)
+    base_result, _, _ = evaluate_policy(task, base, settings, iteration=0)
+    result, images, prompts = evaluate_policy(task, policy, settings, iteration=state["iteration"])
+    print_evaluation_table(base_result, result)
     title = f"{config.algo} on {config.task}, iteration {state['iteration']} (vgrpo eval, CFG-free)"
     print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png', title)}")
     return 0

@@ -30,11 +30,14 @@ class ExportDirExists(RunDirError, FileExistsError):
     """``--out`` already holds files (an export never overwrites; exit code 3)."""
 
 
-def load_run_policy(run_dir: str | Path):
+def load_run_policy(run_dir: str | Path, with_base: bool = False):
     """The config, task, evaluated policy (in eval mode) and checkpoint state of a run's newest valid checkpoint.
 
     The policy holds the weights the run evaluates: the EMA average when the run keeps one (``optim.ema_decay``),
-    else the trained weights. :class:`RunDirError` when the run has no checkpoint yet.
+    else the trained weights. With ``with_base``, a fifth item: the base policy the run started from, as the
+    task's ``reference_policy`` taken before the trained weights are loaded (a diffusers task: the trained
+    transformer with its adapters switched off; a testbed task: a frozen copy), for side-by-side evaluation.
+    :class:`RunDirError` when the run has no checkpoint yet.
     """
     run = RunDir(run_dir)
     config = run.train_config()
@@ -42,14 +45,16 @@ def load_run_policy(run_dir: str | Path):
     if state is None:
         raise RunDirError(f"{run.root} has no checkpoint yet.")
     task = load_task(config.task, config.model)
-    policy = task.load_policy()
+    policy = task.load_policy().eval()
+    base = task.reference_policy(policy) if with_base else None
     policy.load_state_dict(state["policy"])
     if "ema" in state:  # the average of the trainable parameters, in their order (algorithms.policies.WeightEMA)
         trainable = [p for p in policy.parameters() if p.requires_grad]
         with torch.no_grad():
             for param, average in zip(trainable, state["ema"]["average"], strict=True):
                 param.copy_(average)
-    return config, task, policy.eval(), state
+    loaded = (config, task, policy, state)
+    return (*loaded, base) if with_base else loaded
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:

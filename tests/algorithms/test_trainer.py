@@ -214,3 +214,28 @@ def test_bfloat16_precision_runs_the_model_under_autocast_and_keeps_float32_stat
     reference = Trainer(tiny_config(algo, "iterations=1"), tmp_path / "fp32", progress=False)
     reference.train()
     assert any(not torch.equal(a, b) for a, b in zip(trainer.policy.parameters(), reference.policy.parameters()))
+
+
+def _evaluation_table(text: str) -> dict[str, tuple[float, float]]:
+    """``{metric: (base, trained)}`` from ``print_evaluation_table``'s rows."""
+    keys = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
+    rows = [line.split() for line in text.splitlines()]
+    return {row[0]: (float(row[1]), float(row[2])) for row in rows if len(row) == 3 and row[0] in keys}
+
+
+def test_eval_command_reproduces_the_runs_own_base_and_final_evaluations(tiny_config, tmp_path, capsys):
+    """``vgrpo eval --run`` evaluates the base policy and the trained one with the run's evaluation settings, so
+    its table equals the run's first (iteration 0) and last evaluations in eval.jsonl; the learning rate is large
+    enough that the two differ, so a table that showed the trained policy twice would fail."""
+    config = tiny_config("vgrpo", "optim.lr=3e-3", "iterations=3")
+    Trainer(config, tmp_path / "run", progress=False).train()
+    capsys.readouterr()
+    evaluations = RunDir(tmp_path / "run").read_jsonl("eval.jsonl")
+    assert cli_main(["eval", "--run", str(tmp_path / "run")]) == 0
+    table = _evaluation_table(capsys.readouterr().out)
+    assert set(table) >= {"reward_mean", "accuracy", "judge_accuracy"}
+    for metric, (base, trained) in table.items():
+        assert base == pytest.approx(evaluations[0][metric], abs=6e-4), metric
+        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4), metric
+    assert max(abs(base - trained) for base, trained in table.values()) > 5e-3
+    assert (tmp_path / "run" / "eval_grid.png").stat().st_size > 0
