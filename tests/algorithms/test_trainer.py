@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from algorithms.cli import main as cli_main
 from algorithms.run_dir import RunDir, read_csv
 from algorithms.trainer import RewardError, Trainer, check_reward
+from tests.algorithms.conftest import evaluation_table
 
 ALGORITHMS = ("vgrpo", "flow_grpo", "diffusion_nft")
 
@@ -216,13 +217,6 @@ def test_bfloat16_precision_runs_the_model_under_autocast_and_keeps_float32_stat
     assert any(not torch.equal(a, b) for a, b in zip(trainer.policy.parameters(), reference.policy.parameters()))
 
 
-def _evaluation_table(text: str) -> dict[str, tuple[float, float]]:
-    """``{metric: (base, trained)}`` from ``print_evaluation_table``'s rows."""
-    keys = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
-    rows = [line.split() for line in text.splitlines()]
-    return {row[0]: (float(row[1]), float(row[2])) for row in rows if len(row) == 3 and row[0] in keys}
-
-
 def test_eval_command_reproduces_the_runs_own_base_and_final_evaluations(tiny_config, tmp_path, capsys):
     """``vgrpo eval --run`` evaluates the base policy and the trained one with the run's evaluation settings, so
     its table equals the run's first (iteration 0) and last evaluations in eval.jsonl; the learning rate is large
@@ -232,7 +226,7 @@ def test_eval_command_reproduces_the_runs_own_base_and_final_evaluations(tiny_co
     capsys.readouterr()
     evaluations = RunDir(tmp_path / "run").read_jsonl("eval.jsonl")
     assert cli_main(["eval", "--run", str(tmp_path / "run")]) == 0
-    table = _evaluation_table(capsys.readouterr().out)
+    table = evaluation_table(capsys.readouterr().out)
     assert set(table) >= {"reward_mean", "accuracy", "judge_accuracy"}
     for metric, (base, trained) in table.items():
         assert base == pytest.approx(evaluations[0][metric], abs=6e-4), metric

@@ -24,6 +24,7 @@ from integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
 from integrations.testbed.mnist_sd3 import render  # noqa: E402
 from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
 from integrations.testbed.mnist_sd3_tasks import digit_metrics, number_judge, number_slots  # noqa: E402
+from tests.algorithms.conftest import evaluation_table  # noqa: E402
 
 # A short run: 4 prompts x 4 images, 4 rollout steps, 2 pairs; a small evaluation.
 SHORT = ["iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "vgrpo.num_pairs=2",
@@ -121,7 +122,7 @@ def test_judges_read_real_rendered_digits_and_numbers():
         assert abs(slots[0] - (render.NUMBER_SIZE[1] - slots[-1] - render.MNIST_SIDE)) <= 1
 
 
-def test_vgrpo_on_mnist_sd3_checkpoints_lora_only_and_resumes_exactly(pipeline, tmp_path):
+def test_vgrpo_on_mnist_sd3_checkpoints_lora_only_and_resumes_exactly(pipeline, tmp_path, capsys):
     config = build_config("vgrpo", "digit", "mnist-sd3", [*SHORT, *pipeline])
     straight = Trainer(config, tmp_path / "straight", progress=False)
     evaluations = straight.train()
@@ -135,6 +136,15 @@ def test_vgrpo_on_mnist_sd3_checkpoints_lora_only_and_resumes_exactly(pipeline, 
     final = resumed.policy.state_dict()
     for key, value in straight.policy.state_dict().items():
         torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
+
+    # vgrpo eval on a hub task: the base (LoRA off) and the trained policy, as the run's own evaluations
+    capsys.readouterr()
+    assert cli_main(["eval", "--run", str(tmp_path / "straight")]) == 0
+    table = evaluation_table(capsys.readouterr().out)
+    assert set(table) == {"reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"}
+    for metric, (base, trained) in table.items():
+        assert base == pytest.approx(evaluations[0][metric], abs=6e-4, nan_ok=True), metric
+        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4, nan_ok=True), metric
 
     out = tmp_path / "trained.npz"
     assert cli_main(["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "1", "--seed", "0", "--out", str(out)]) == 0
