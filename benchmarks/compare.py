@@ -22,7 +22,9 @@ time to target is read off the training-reward curve smoothed over ``SMOOTHING``
 ``DIR/protocol.json``, ``DIR/summary.json``, ``DIR/summary.md``, reward plots against wall-clock, NFE and gradient
 steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
 Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
-cores are compared; the other official settings are on (``--preset official``, README "Fidelity").
+cores are compared; the other official settings are on (``--preset official``, README "Fidelity"). Run again
+with the same ``DIR``, an interrupted comparison continues: finished runs are read back, a cut one resumes from its
+newest checkpoint (:func:`start_or_resume`).
 
 Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls default to
 ``DEFAULT_STEP_CONTROLS``).
@@ -216,6 +218,18 @@ def _check_variants(variants) -> None:
         raise ValueError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")
 
 
+def start_or_resume(config, run_dir: Path) -> Trainer:
+    """A new run of ``config`` in ``run_dir``, or the run already there continued (a finished one as it is), so that
+    an interrupted comparison picks up where it stopped. A run of another config there is refused."""
+    if not (run_dir / "config.json").exists():
+        return Trainer(config, run_dir, progress=False)
+    trainer = Trainer.resume(run_dir, progress=False)
+    if trainer.config.to_json() != config.to_json():
+        raise ValueError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
+                         f"another --out.")
+    return trainer
+
+
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
                 iterations: int | None = None, pipeline: str | None = None) -> dict:
@@ -234,7 +248,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
 
     def train(variant: str, seed: int, lr: float, control: str) -> Trainer:
         config = build(variant, task, seed, lr, control, extra, pipeline)
-        trainer = Trainer(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}", progress=False)
+        trainer = start_or_resume(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}")
         trainer.train()
         print(f"{variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
               f"{statistics.mean(m['reward_mean'] for m in trainer.metrics[-SMOOTHING:]):.3f}", flush=True)

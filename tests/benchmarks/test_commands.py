@@ -41,6 +41,15 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     assert set(summary["ratios_vs_vgrpo"]) == {"diffusion_nft"}
     for name in ("summary.md", "reward_vs_train_seconds.png", "reward_vs_nfe_cumulative.png", "reward_vs_grad_steps.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # Run again on the same folder: every run is read back (a finished run is not retrained), same summary.
+    stamps = {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs}
+    run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny, iterations=3)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
+    with pytest.raises(ValueError, match="holds a run of another setting"):
+        run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                    learning_rates=(1e-3,), overrides=[*tiny, "eval.per_prompt=3"], iterations=3)
     with pytest.raises(ValueError, match="at least 5 seeds"):
         run_compare(tmp_path / "few", seeds=3)
     with pytest.raises(ValueError, match="Unknown variant"):
