@@ -74,7 +74,7 @@ def _sample(args) -> int:
     if args.run:
         if args.preset is not None or args.overrides:
             raise UsageError("--preset and overrides apply to the base policy; a --run samples with its saved config.")
-        config, task, policy, _ = load_run_policy(args.run)
+        config, task, policy, _, _ = load_run_policy(args.run)
         if args.task and resolve_task_name(args.task, config.task.split("/")[0]) != config.task:
             raise UsageError(f"--task {args.task} does not match the run's task {config.task}.")
     else:
@@ -110,7 +110,7 @@ def _npz_bytes(**arrays) -> bytes:
 
 
 def _eval(args) -> int:
-    config, task, policy, state, base = load_run_policy(args.run, with_base=True)
+    config, task, policy, state, base = load_run_policy(args.run)
     settings = replace(config.eval, per_prompt=args.per_prompt or config.eval.per_prompt)
     base_result, _, _ = evaluate_policy(task, base, settings, iteration=0)
     result, images, prompts = evaluate_policy(task, policy, settings, iteration=state["iteration"])
@@ -126,11 +126,13 @@ def _export(args) -> int:
     return 0
 
 
+EVALUATION_TABLE_KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
+
+
 def print_evaluation_table(base: dict | None, trained: dict) -> None:
     """Side-by-side table of the base policy's and the trained policy's evaluation (base "n/a" when None)."""
-    keys = ["reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"]
     print(f"{'metric':<22}{'base':>10}{'trained':>10}")
-    for key in [k for k in keys if k in trained]:  # diffusers tasks have no accuracy / judge
+    for key in [k for k in EVALUATION_TABLE_KEYS if k in trained]:  # diffusers tasks have no accuracy / judge
         before = f"{base[key]:>10.3f}" if base is not None and key in base else f"{'n/a':>10}"
         print(f"{key:<22}{before}{trained[key]:>10.3f}")
     if base is None:

@@ -30,12 +30,13 @@ class ExportDirExists(RunDirError, FileExistsError):
     """``--out`` already holds files (an export never overwrites; exit code 3)."""
 
 
-def load_run_policy(run_dir: str | Path, with_base: bool = False):
-    """The config, task, evaluated policy (in eval mode) and checkpoint state of a run's newest valid checkpoint.
+def load_run_policy(run_dir: str | Path):
+    """The config, task, evaluated policy (in eval mode), checkpoint state and base policy of a run's newest valid
+    checkpoint.
 
     The policy holds the weights the run evaluates: the EMA average when the run keeps one (``optim.ema_decay``),
-    else the trained weights. With ``with_base``, a fifth item: the base policy the run started from, as the
-    task's ``reference_policy`` taken before the trained weights are loaded (a diffusers task: the trained
+    else the trained weights. The base policy is the one the run started from, the task's ``reference_policy``
+    taken before the trained weights are loaded (a diffusers task: the trained
     transformer with its adapters switched off; a testbed task: a frozen copy), for side-by-side evaluation.
     :class:`RunDirError` when the run has no checkpoint yet.
     """
@@ -46,15 +47,14 @@ def load_run_policy(run_dir: str | Path, with_base: bool = False):
         raise RunDirError(f"{run.root} has no checkpoint yet.")
     task = load_task(config.task, config.model)
     policy = task.load_policy().eval()
-    base = task.reference_policy(policy) if with_base else None
+    base = task.reference_policy(policy)
     policy.load_state_dict(state["policy"])
     if "ema" in state:  # the average of the trainable parameters, in their order (algorithms.policies.WeightEMA)
         trainable = [p for p in policy.parameters() if p.requires_grad]
         with torch.no_grad():
             for param, average in zip(trainable, state["ema"]["average"], strict=True):
                 param.copy_(average)
-    loaded = (config, task, policy, state)
-    return (*loaded, base) if with_base else loaded
+    return config, task, policy, state, base
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -63,7 +63,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportDirExists(f"{out} already exists and is not an empty folder; choose a new --out.")
-    config, task, policy, state = load_run_policy(run_dir)
+    config, task, policy, state, _ = load_run_policy(run_dir)
     evaluations = [e for e in RunDir(run_dir).read_jsonl("eval.jsonl") if e["iteration"] <= state["iteration"]]
     out.mkdir(parents=True, exist_ok=True)
     facts = task.export_policy(policy, out)

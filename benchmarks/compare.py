@@ -41,7 +41,7 @@ from pathlib import Path
 
 from algorithms.cli import build_config
 from algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS
-from algorithms.run_dir import atomic_write_text, pyplot, save_figure
+from algorithms.run_dir import RunDir, atomic_write_text, pyplot, save_figure
 from algorithms.trainer import Trainer
 
 TUNING_SEED = 100
@@ -223,11 +223,10 @@ def start_or_resume(config, run_dir: Path) -> Trainer:
     an interrupted comparison picks up where it stopped. A run of another config there is refused."""
     if not (run_dir / "config.json").exists():
         return Trainer(config, run_dir, progress=False)
-    trainer = Trainer.resume(run_dir, progress=False)
-    if trainer.config.to_json() != config.to_json():
+    if RunDir(run_dir).train_config().to_json() != config.to_json():
         raise ValueError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
                          f"another --out.")
-    return trainer
+    return Trainer.resume(run_dir, progress=False)
 
 
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,

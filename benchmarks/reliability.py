@@ -120,7 +120,11 @@ def random_kills(kills: int, seed: int, work: Path, args: list[str] = RUN_ARGS, 
         if done:
             break
     record["identical"] = all(not t["differences"] and not t["temp_files_left"] for t in record["trials"])
-    record["mid_run_kills"] = sum(k["newest_checkpoint"] is not None for k in record["kills"])
+    last = RunDir(straight).checkpoint_paths()[-1].name  # the run's final checkpoint
+    newest = [k["newest_checkpoint"] for k in record["kills"]]
+    record["kills_before_first_checkpoint"] = newest.count(None)
+    record["kills_between_checkpoints"] = sum(n not in (None, last) for n in newest)
+    record["kills_after_last_checkpoint"] = newest.count(last)
     return record
 
 

@@ -31,6 +31,7 @@ def tiny_config():
 
 def evaluation_table(text: str) -> dict[str, tuple[float, float]]:
     """``{metric: (base, trained)}`` from ``print_evaluation_table``'s rows."""
-    keys = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
+    from algorithms.cli import EVALUATION_TABLE_KEYS
+
     rows = [line.split() for line in text.splitlines()]
-    return {row[0]: (float(row[1]), float(row[2])) for row in rows if len(row) == 3 and row[0] in keys}
+    return {row[0]: (float(row[1]), float(row[2])) for row in rows if len(row) == 3 and row[0] in EVALUATION_TABLE_KEYS}
