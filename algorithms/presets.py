@@ -131,7 +131,8 @@ PAPER = {
 }
 
 # The shipped MNIST-SD3 pipeline (integrations.testbed.mnist_sd3) through the hub path, float32 on the CPU. Tasks
-# (``--task``): digit (default) and ocr, i.e. ``task=mnist-sd3/digit`` / ``mnist-sd3/ocr``.
+# (``--task``): digit (default), ocr and geneval, i.e. ``task=mnist-sd3/digit`` / ``mnist-sd3/ocr`` /
+# ``mnist-sd3/geneval`` (the last on the second shipped pipeline, MNIST-SD3-GenEval).
 PIPELINES = {
     "mnist-sd3": {
         "common": [
@@ -154,6 +155,7 @@ PIPELINES = {
 # Settings of one task of a pipeline preset, applied after the preset's (and after ``--task``).
 PIPELINE_TASKS = {
     "mnist-sd3/ocr": ["eval.per_prompt=2"],
+    "mnist-sd3/geneval": ["eval.per_prompt=4"],  # 87 held-out specs (up to 24 per category), 4 images each
 }
 
 OFFICIAL_ON_PIPELINE = {f"official-{pipeline}": pipeline for pipeline in PIPELINES}

@@ -81,6 +81,8 @@ def _entries() -> dict[str, TaskEntry]:
                   _mnist_sd3("digit")),
         TaskEntry("mnist-sd3/ocr", "the shipped MNIST-SD3 pipeline: a prompted 2-3 digit number, 32x96, OCR reward",
                   _mnist_sd3("ocr")),
+        TaskEntry("mnist-sd3/geneval", "the shipped MNIST-SD3-GenEval pipeline: GenEval's compositional prompts with "
+                  "digits, 64x64, GenEval reward (digit detector)", _mnist_sd3("geneval")),
         TaskEntry("sd3.5-medium", "Stable Diffusion 3.5 Medium (weights needed locally), prompts and reward by the "
                   "model section", _hub("sd3.5-medium")),
         TaskEntry("flux.1-dev", "FLUX.1-dev (weights needed locally), prompts and reward by the model section",

@@ -1,4 +1,4 @@
-"""The two tasks of the shipped MNIST-SD3 pipeline, built through the hub path like SD3.5-Medium.
+"""The tasks of the shipped MNIST-SD3 pipelines, built through the hub path like SD3.5-Medium.
 
     from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
 
@@ -14,6 +14,16 @@ cache.
 |---------|-----------------------------------------------|--------|------------------------------------------|-------|
 | digit   | "a handwritten seven" (50 / 30 phrasings)     | 32x32  | the testbed CNN classifier's probability | MLP   |
 | ocr     | "the number 407" (882 / 108 numbers 10..999)  | 32x96  | rapidocr, 1 - normalised edit distance   | MLP per digit slot |
+| geneval | "a red 3 and a blue 8" (GenEval's 6 categories) | 64x64 | Flow-GRPO's partial-credit GenEval score (digit detector) | second detector |
+
+``geneval`` runs on the second shipped pipeline, MNIST-SD3-GenEval (``geneval_digits.pipeline``, trained on the
+compositions), through the same ``hub_task("mnist-sd3", path=...)``. Its training prompts are every ``"train"``
+spec, repeated so that each of GenEval's six categories is drawn equally often (the raw list is 77% colour
+attribution); its evaluation prompts are ``GENEVAL_EVAL_PER_CATEGORY`` held-out specs per category (fewer where
+a category has fewer). ``accuracy`` is GenEval's overall score (the mean of the per-category accuracies under
+GenEval's rules) by the reward detector, ``judge_accuracy`` the same by the judge detector (a different detector
+trained on a disjoint MNIST split, never a reward), and ``geneval/<category>`` / ``judge_geneval/<category>`` the
+per-category accuracies; ``accuracy_per_prompt`` is keyed by category.
 
 Evaluation numbers (beside ``reward_mean``, ``diversity``): ``accuracy`` (digit: the reward classifier's top
 class is the prompted digit; ocr: the task's reward is 1, i.e. the OCR reads the number in full), ``judge_accuracy`` (the
@@ -26,8 +36,11 @@ during training, not its level.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -36,7 +49,10 @@ from integrations.testbed.mnist_sd3 import render
 from integrations.testbed.rewards import DigitProbability
 from integrations.testbed.tasks import get_task
 
-__all__ = ["MNIST_SD3_TASKS", "MnistSD3Spec", "digit_reward", "mnist_sd3_task", "number_slots", "ocr_reward"]
+__all__ = ["MNIST_SD3_TASKS", "MnistSD3Spec", "digit_reward", "geneval_prompts", "mnist_sd3_task", "number_slots",
+           "ocr_reward"]
+
+GENEVAL_EVAL_PER_CATEGORY = 24
 
 
 def _classifiers():
@@ -131,10 +147,80 @@ def ocr_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor)
     return _summary(rewards >= 1.0, number_judge(images, numbers), numbers)
 
 
+@lru_cache(maxsize=1)
+def _geneval_specs() -> dict[str, dict]:
+    from integrations.testbed.geneval_digits.prompts import geneval_specs
+
+    return {spec["prompt"]: spec for spec in geneval_specs("all")}
+
+
+def geneval_category(prompt: str) -> str:
+    """The GenEval category (``tag``) of a GenEval digit prompt; a ValueError names an unknown prompt."""
+    spec = _geneval_specs().get(prompt)
+    if spec is None:
+        raise ValueError(f"{prompt!r} is not a GenEval digit prompt (integrations.testbed.geneval_digits.prompts)")
+    return spec["tag"]
+
+
+def geneval_prompts(split: str) -> list[tuple[str, str]]:
+    """``(prompt, category)`` pairs: ``"train"`` every training spec, repeated so that every category has as many
+    entries as the largest; ``"eval"`` up to ``GENEVAL_EVAL_PER_CATEGORY`` held-out specs per category, spread
+    evenly over the category's list."""
+    from integrations.rewards.geneval import GENEVAL_TAGS
+    from integrations.testbed.geneval_digits.prompts import geneval_specs
+
+    specs = geneval_specs(split)
+    groups = [[s["prompt"] for s in specs if s["tag"] == tag] for tag in GENEVAL_TAGS]
+    if split == "eval":
+        groups = [g[::math.ceil(len(g) / GENEVAL_EVAL_PER_CATEGORY)] for g in groups]
+    else:
+        largest = max(len(g) for g in groups)
+        groups = [(g * math.ceil(largest / len(g)))[:largest] for g in groups]
+    return [(p, tag) for tag, group in zip(GENEVAL_TAGS, groups) for p in group]
+
+
+def geneval_reward():
+    """Flow-GRPO's partial-credit GenEval score by the shipped reward detector (``geneval_digits_reward``)."""
+    from integrations.testbed.geneval_digits.reward import geneval_digits_reward
+
+    return geneval_digits_reward(partial=True)
+
+
+@lru_cache(maxsize=1)
+def _geneval_scorers() -> dict:
+    from integrations.testbed.geneval_digits.reward import geneval_digits_scorer
+
+    return {"detector": geneval_digits_scorer("digit_detector"), "judge": geneval_digits_scorer("digit_detector_judge")}
+
+
+@torch.no_grad()
+def geneval_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor) -> dict:
+    """GenEval's tables (strict 0/1 correctness, GenEval's rules) of images ``(B, 3, 64, 64)`` by the reward
+    detector and the judge: ``accuracy`` / ``judge_accuracy`` (overall), ``geneval/<category>`` /
+    ``judge_geneval/<category>``, ``accuracy_per_prompt`` keyed by category."""
+    from integrations.testbed.geneval_digits.reward import geneval_digits_table
+
+    specs = [_geneval_specs()[p] for p in prompts]
+    tables = geneval_digits_table(images, specs, _geneval_scorers())
+    detector, judge = tables["detector"], tables["judge"]
+    out = {"accuracy": detector["overall"], "judge_accuracy": judge["overall"],
+           "judge_gap": detector["overall"] - judge["overall"],
+           "accuracy_per_prompt": {k: v for k, v in detector.items() if k != "overall"}}
+    out.update({f"geneval/{k}": v for k, v in detector.items() if k != "overall"})
+    out.update({f"judge_geneval/{k}": v for k, v in judge.items() if k != "overall"})
+    return out
+
+
+def _geneval_pipeline() -> Path:
+    from integrations.testbed.geneval_digits.pipeline import PIPELINE_DIR as GENEVAL_PIPELINE_DIR
+
+    return GENEVAL_PIPELINE_DIR
+
+
 @dataclass(frozen=True)
 class MnistSD3Spec:
     """What one MNIST-SD3 task brings: prompts per split, image size, reward, metrics (and the labels of the
-    headline ones) and label."""
+    headline ones), label, and the shipped pipeline folder it runs on (``None``: MNIST-SD3's own)."""
 
     prompts: Callable[[str], list[tuple[str, object]]]
     image_size: tuple[int, int]
@@ -142,6 +228,7 @@ class MnistSD3Spec:
     metrics: Callable[[torch.Tensor, list[str], torch.Tensor], dict]
     label: Callable[[str], object]
     evaluation_metrics: dict[str, str]
+    pipeline: Callable[[], Path] | None = None
 
 
 MNIST_SD3_TASKS = {
@@ -149,19 +236,27 @@ MNIST_SD3_TASKS = {
                           {"accuracy": "classifier (reward model)", "judge_accuracy": "independent judge (MLP)"}),
     "ocr": MnistSD3Spec(grammar.number_prompts, render.NUMBER_SIZE, ocr_reward, ocr_metrics, grammar.parse_number,
                         {"accuracy": "OCR reads it (reward model)", "judge_accuracy": "independent judge (MLP)"}),
+    "geneval": MnistSD3Spec(geneval_prompts, (64, 64), geneval_reward, geneval_metrics, geneval_category,
+                            {"accuracy": "GenEval overall (reward detector)",
+                             "judge_accuracy": "GenEval overall (judge detector)"}, pipeline=_geneval_pipeline),
 }
 
 
-def mnist_sd3_task(kind: str, *, prompts=None, eval_prompts=None, reward=None, image_size=None, **settings):
-    """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"``) as a ``DiffusersTask`` through ``hub_task("mnist-sd3")``;
-    ``settings`` are the other ``hub_task`` arguments (the run config's ``model`` section)."""
+def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, reward=None, image_size=None,
+                   **settings):
+    """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"`` / ``"geneval"``) as a ``DiffusersTask`` through
+    ``hub_task("mnist-sd3")`` on the task's shipped pipeline unless ``path`` names another; ``settings`` are the
+    other ``hub_task`` arguments (the run config's ``model`` section)."""
     from integrations.diffusers_adapters.task import hub_task
 
     if kind not in MNIST_SD3_TASKS:
         raise ValueError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
     spec = MNIST_SD3_TASKS[kind]
+    if path is None and spec.pipeline is not None:
+        path = str(spec.pipeline())
     return hub_task(
         "mnist-sd3",
+        path=path,
         prompts=[p for p, _ in spec.prompts("train")] if prompts is None else prompts,
         eval_prompts=[p for p, _ in spec.prompts("eval")] if eval_prompts is None else eval_prompts,
         reward=spec.reward() if reward is None else reward,

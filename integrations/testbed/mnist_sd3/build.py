@@ -49,8 +49,13 @@ _CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 _SPECIALS = ("<|startoftext|>", "<|endoftext|>")
 
 
-def clip_tokenizer():
-    """A word-level ``CLIPTokenizer``: each word of ``VOCABULARY`` is one token, other text goes by character."""
+def clip_tokenizer(vocabulary: tuple[str, ...] = VOCABULARY):
+    """A word-level ``CLIPTokenizer``: each word of ``vocabulary`` (default: the MNIST-SD3 prompts' ``VOCABULARY``)
+    is one token, other text goes by character.
+
+    Every word is spelled by a chain of merges, left to right. BPE applies the earliest merge first, so one
+    word's chain can pre-empt another's ("re" of "red" splits "three" into th, re, e); each word that does not
+    come out whole gets merges of the pieces it does come out as, appended until every word is one token."""
     from transformers import CLIPTokenizer
 
     vocab = {token: i for i, token in enumerate(_SPECIALS)}
@@ -59,20 +64,26 @@ def clip_tokenizer():
     def add(token: str) -> None:
         vocab.setdefault(token, len(vocab))
 
-    for c in _CHARACTERS:
-        add(c)
-        add(c + "</w>")
-    for word in VOCABULARY:
-        # Spell the word left to right: ((w0 w1) w2) ... (w[:-1] w[-1]</w>), every intermediate a token.
-        prefix = word[0]
-        for i, c in enumerate(word[1:], start=1):
-            last = i == len(word) - 1
-            piece = c + "</w>" if last else c
+    def chain(pieces: list[str]) -> None:
+        prefix = pieces[0]
+        for piece in pieces[1:]:
             merges.append((prefix, piece))
             prefix = prefix + piece
             add(prefix)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=CLIP_LENGTH, unk_token="<|endoftext|>",
-                              bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+    def build():
+        return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=CLIP_LENGTH, unk_token="<|endoftext|>",
+                             bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+    for c in _CHARACTERS:
+        add(c)
+        add(c + "</w>")
+    for word in vocabulary:
+        chain([*word[:-1], word[-1] + "</w>"])
+    tokenizer = build()
+    while broken := [pieces for word in vocabulary if len(pieces := tokenizer.tokenize(word)) > 1]:
+        chain(broken[0])
+        tokenizer = build()
     return tokenizer
 
 
@@ -98,35 +109,40 @@ def _clip_encoder(vocab_size: int, sizes: dict):
     return CLIPTextModelWithProjection(config)
 
 
-def build_vae():
+def build_vae(sample_size: int = DIGIT_SIZE[0]):
     """The untrained ``AutoencoderKL``: RGB -> 4 latent channels at 1/4 resolution (scaling set by training)."""
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
                          block_out_channels=VAE_BLOCKS, down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
                          up_block_types=("UpDecoderBlock2D",) * len(VAE_BLOCKS), layers_per_block=1,
-                         norm_num_groups=16, mid_block_add_attention=False, sample_size=DIGIT_SIZE[0], scaling_factor=1.0, shift_factor=0.0)
+                         norm_num_groups=16, mid_block_add_attention=False, sample_size=sample_size, scaling_factor=1.0,
+                         shift_factor=0.0)
 
 
-def build_transformer():
-    """The untrained ``SD3Transformer2DModel`` (default sample size: the digit task's 8x8 latents)."""
+def build_transformer(image_sizes: tuple[tuple[int, int], ...] = (DIGIT_SIZE, NUMBER_SIZE)):
+    """The untrained ``SD3Transformer2DModel`` for images of ``image_sizes`` (default: the digit and number tasks;
+    default sample size: the first size's latents, position embeddings up to the widest side)."""
     from diffusers import SD3Transformer2DModel
 
     inner = TRANSFORMER["num_attention_heads"] * TRANSFORMER["attention_head_dim"]
-    widest = max(DIGIT_SIZE[1], NUMBER_SIZE[1]) // VAE_DOWNSAMPLE // TRANSFORMER["patch_size"]
-    return SD3Transformer2DModel(sample_size=DIGIT_SIZE[0] // VAE_DOWNSAMPLE, in_channels=LATENT_CHANNELS,
+    widest = max(max(size) for size in image_sizes) // VAE_DOWNSAMPLE // TRANSFORMER["patch_size"]
+    return SD3Transformer2DModel(sample_size=image_sizes[0][0] // VAE_DOWNSAMPLE, in_channels=LATENT_CHANNELS,
                                  out_channels=LATENT_CHANNELS, joint_attention_dim=JOINT_ATTENTION_DIM,
                                  caption_projection_dim=inner, pooled_projection_dim=POOLED_DIM,
                                  pos_embed_max_size=widest, **TRANSFORMER)
 
 
-def build_pipeline(seed: int = 0):
-    """An untrained MNIST-SD3 ``StableDiffusion3Pipeline`` (float32, CPU) with the final configs."""
+def build_pipeline(seed: int = 0, vocabulary: tuple[str, ...] = VOCABULARY,
+                   image_sizes: tuple[tuple[int, int], ...] = (DIGIT_SIZE, NUMBER_SIZE)):
+    """An untrained MNIST-SD3 ``StableDiffusion3Pipeline`` (float32, CPU) with the final configs; ``vocabulary``
+    and ``image_sizes`` (the defaults are MNIST-SD3's) let a sibling pipeline on other prompts and canvases (the
+    GenEval compositions) use the same architecture."""
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
-    tokenizer, tokenizer_2 = clip_tokenizer(), clip_tokenizer()
-    transformer, vae = build_transformer(), build_vae()
+    tokenizer, tokenizer_2 = clip_tokenizer(vocabulary), clip_tokenizer(vocabulary)
+    transformer, vae = build_transformer(image_sizes), build_vae(image_sizes[0][0])
     text_encoder, text_encoder_2 = _clip_encoder(len(tokenizer), CLIP_L), _clip_encoder(len(tokenizer_2), CLIP_G)
     return StableDiffusion3Pipeline(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT), vae=vae,

@@ -75,20 +75,27 @@ def vae_batches(digits: torch.Tensor, labels: torch.Tensor, batch_size: int, gen
         yield torch.cat([singles, windows])
 
 
-def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: int, log=print, callback=None) -> None:
-    """Fit ``vae`` (an ``AutoencoderKL``) to tinted MNIST renderings in model space ``[-1, 1]`` (see the module doc).
+def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: int, log=print, callback=None,
+              batches=None) -> None:
+    """Fit ``vae`` (an ``AutoencoderKL``) to images in model space ``[-1, 1]`` (see the module doc).
 
-    AdamW, linear warmup over 50 steps, then a constant rate (so the first k steps of a longer run are a
-    run of k steps). ``callback(step, vae)`` after every step."""
-    digits, labels = load_mnist("train")
+    ``batches(batch_size, generator)`` is the endless source of images in [0, 1] (default: MNIST-SD3's
+    tinted digits and number windows, ``vae_batches``). AdamW, linear warmup over 50 steps, then a constant
+    rate (so the first k steps of a longer run are a run of k steps). ``callback(step, vae)`` after every step."""
+    if batches is None:
+        digits, labels = load_mnist("train")
+
+        def batches(size, generator):
+            return vae_batches(digits, labels, size, generator)
+
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
-    batches = vae_batches(digits, labels, batch_size, gen)
+    source = batches(batch_size, gen)
     vae.train()
     start = time.perf_counter()
     for step in range(steps):
-        x = next(batches) * 2 - 1
+        x = next(source) * 2 - 1
         posterior = vae.encode(x).latent_dist
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
         recon = vae.decode(z).sample
@@ -226,13 +233,31 @@ def flow_stage(pipe, *, pool_seed: int, number_repeats: int, log=print, **recipe
 
 def train_flow(pipe, pools: dict, *, steps: int, digit_batch: int, number_batch: int, number_share: float, lr: float,
                warmup: int, p_uncond: float, seed: int, log=print, callback=None) -> None:
-    """Rectified flow for ``pipe.transformer`` with both CLIP encoders trained jointly (see the module doc).
+    """Rectified flow for ``pipe.transformer`` with both CLIP encoders trained jointly (see the module doc) on
+    MNIST-SD3's two tasks: every step draws its task (``"number"`` with probability ``number_share``), then a
+    batch of it (``flow_batch``); the step itself is ``rectified_flow``'s."""
 
-    Every step draws its task (``"number"`` with probability ``number_share``), its prompts (caption
-    dropout to ``""`` with probability ``p_uncond``), ``t`` = sigmoid(N(0, 1)) per sample, and whether the
-    T5 zero tokens are absent or 256 (one token with multiplicity 256), each with probability 1/2.
-    AdamW, linear warmup, then a constant rate; gradient norm clipped at 1. ``callback(step, pipe)``
-    after every step.
+    def batches(gen: torch.Generator):
+        while True:
+            task = "number" if torch.rand((), generator=gen) < number_share else "digit"
+            z, prompts = flow_batch(pools, task, number_batch if task == "number" else digit_batch, scale, shift, gen)
+            yield task, z, prompts
+
+    scale, shift = pipe.vae.config.scaling_factor, pipe.vae.config.shift_factor
+    rectified_flow(pipe, batches, steps=steps, lr=lr, warmup=warmup, p_uncond=p_uncond, seed=seed, log=log,
+                   callback=callback)
+
+
+def rectified_flow(pipe, batches, *, steps: int, lr: float, warmup: int, p_uncond: float, seed: int, log=print,
+                   callback=None) -> None:
+    """Train ``pipe.transformer`` and both CLIP encoders by rectified flow on ``batches(generator)``, an endless
+    source of ``(name, z, prompts)`` (normalised latents ``(B, 4, h, w)``, B prompts) drawn from the run's one
+    generator (seeded by ``seed``).
+
+    Every step replaces a prompt by ``""`` with probability ``p_uncond`` (caption dropout), draws whether the
+    T5 zero tokens are absent or 256 (one token with multiplicity 256), each with probability 1/2, and
+    ``t`` = sigmoid(N(0, 1)) per sample. AdamW, linear warmup, then a constant rate; gradient norm clipped at
+    1. ``callback(step, pipe)`` after every step.
     """
     gen = torch.Generator().manual_seed(seed)
     modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
@@ -241,13 +266,12 @@ def train_flow(pipe, pools: dict, *, steps: int, digit_batch: int, number_batch:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     processor = MultiplicityAttnProcessor()
     pipe.transformer.set_attn_processor(processor)
-    scale, shift = pipe.vae.config.scaling_factor, pipe.vae.config.shift_factor
     for m in modules:
         m.train()
+    source = batches(gen)
     start = time.perf_counter()
     for step in range(steps):
-        task = "number" if torch.rand((), generator=gen) < number_share else "digit"
-        z, prompts = flow_batch(pools, task, number_batch if task == "number" else digit_batch, scale, shift, gen)
+        name, z, prompts = next(source)
         drop = (torch.rand(len(prompts), generator=gen) < p_uncond).tolist()
         prompts = ["" if d else p for p, d in zip(prompts, drop)]
         with_t5 = bool(torch.rand((), generator=gen) < 0.5)
@@ -263,7 +287,7 @@ def train_flow(pipe, pools: dict, *, steps: int, digit_batch: int, number_batch:
         loss = F.mse_loss(v, eps - z)
         optimizer_step(opt, sched, loss, clip_params=params)
         if (step + 1) % 50 == 0 or step == 0:
-            log(f"flow step {step + 1}/{steps} {task} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
+            log(f"flow step {step + 1}/{steps} {name} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
         if callback is not None:
             callback(step + 1, pipe)
     pipe.transformer.set_attn_processor(JointAttnProcessor2_0())
@@ -355,7 +379,7 @@ def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR) -> None:
     pipe.register_modules(text_encoder_3=None, tokenizer_3=None)
     card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-    (tmp / "README.md").write_text(model_card(card))
+    (tmp / "README.md").write_text(readme(card))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
 

@@ -1,0 +1,148 @@
+"""MNIST-SD3-GenEval's construction and the ``mnist-sd3/geneval`` task, on untrained weights (final configs).
+
+What the shipped weights must do (load, draw, learn) is in ``test_geneval_shipped.py``; here: the tokenizer
+keeps every GenEval word whole, the training data is balanced over GenEval's categories, the task's prompts,
+labels and metrics follow GenEval's rules, and the task builds through the hub path."""
+
+import collections
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+from algorithms.cli import build_config  # noqa: E402
+from algorithms.tasks import load_task  # noqa: E402
+from integrations.diffusers_adapters.task import DiffusersTask  # noqa: E402
+from integrations.rewards.geneval import GENEVAL_TAGS  # noqa: E402
+from integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
+from integrations.testbed.geneval_digits.compositions import compose  # noqa: E402
+from integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
+from integrations.testbed.geneval_digits.reward import geneval_digits_table  # noqa: E402
+from integrations.testbed.mnist_sd3 import prompts as mnist_sd3_prompts  # noqa: E402
+from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, clip_tokenizer  # noqa: E402
+from integrations.testbed.mnist_sd3_tasks import (GENEVAL_EVAL_PER_CATEGORY, geneval_category,  # noqa: E402
+                                                  geneval_metrics, geneval_prompts)
+
+
+def test_every_geneval_word_is_one_token_and_every_prompt_fits():
+    tokenizer = clip_tokenizer(G.VOCABULARY)
+    assert {"three", "red", "yellow", "left", "right", "above", "below", "and"} <= set(G.VOCABULARY)
+    for word in G.VOCABULARY:
+        assert tokenizer.tokenize(word) == [word + "</w>"], word
+    for spec in geneval_specs("all"):
+        ids = tokenizer(spec["prompt"]).input_ids
+        assert len(ids) <= CLIP_LENGTH, spec["prompt"]
+        words = spec["prompt"].replace("s", " s").split() if spec["tag"] == "counting" else spec["prompt"].split()
+        assert len(ids) == len(words) + 2, spec["prompt"]  # one token per word or numeral, plus start and end
+
+
+def test_the_merge_repair_leaves_mnist_sd3s_shipped_tokenizer_unchanged():
+    """Repairing pre-empted merges ("re" of "red" splitting "three") adds nothing where no word is split, so the
+    code-built MNIST-SD3 tokenizer equals the shipped one, merges included."""
+    from transformers import CLIPTokenizer
+
+    def merges(tokenizer):
+        return json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+
+    built, shipped = clip_tokenizer(), CLIPTokenizer.from_pretrained(PIPELINE_DIR / "tokenizer")
+    assert built.get_vocab() == shipped.get_vocab()
+    assert merges(built) == merges(shipped) and len(merges(built)) > 50
+    assert all(len(built.tokenize(w)) == 1 for w in mnist_sd3_prompts.VOCABULARY)
+
+
+def test_the_untrained_pipeline_draws_64x64_canvases_from_16x16_latents():
+    pipe = G.build_geneval_pipeline(seed=0)
+    assert pipe.transformer.config.sample_size == 16 and pipe.transformer.config.pos_embed_max_size == 8
+    images = G.sample_compositions(pipe, geneval_specs("eval")[:3], guidance_scale=1.0, seed=0, num_steps=2)
+    assert images.shape == (3, 3, 64, 64) and 0 <= images.min() and images.max() <= 1
+    again = G.sample_compositions(pipe, geneval_specs("eval")[:3], guidance_scale=1.0, seed=0, num_steps=2)
+    torch.testing.assert_close(images, again, rtol=0, atol=0)
+
+
+def test_the_flow_pool_is_balanced_and_its_prompts_match_their_categories():
+    class Identity:  # the pool's bookkeeping without a VAE: moments of a fixed linear map
+        def encode(self, x):
+            pooled = torch.nn.functional.avg_pool2d(x, 4)
+            dist = type("D", (), {"mean": torch.cat([pooled, pooled[:, :1]], 1), "std": torch.ones(len(x), 4, 16, 16)})
+            return type("E", (), {"latent_dist": dist})
+
+    pool = G.composition_pool(Identity(), seed=0, per_category=40)
+    counts = collections.Counter(pool["category"].tolist())
+    assert all(40 <= counts[c] < 40 + len([s for s in geneval_specs("train") if s["tag"] == t])
+               for c, t in enumerate(GENEVAL_TAGS))
+    assert [geneval_category(p) for p in pool["prompts"]] == [GENEVAL_TAGS[c] for c in pool["category"].tolist()]
+
+    batches = G.pool_batches(pool, batch_size=600, scale=1.0, shift=0.0)(torch.Generator().manual_seed(1))
+    _, z, prompts = next(batches)
+    drawn = collections.Counter(geneval_category(p) for p in prompts)
+    # Uniform over 6 categories: 100 expected each, binomial sd ~9.1; 4 sd either side.
+    assert z.shape == (600, 4, 16, 16) and all(63 <= drawn[t] <= 137 for t in GENEVAL_TAGS), drawn
+
+
+def test_vae_batches_are_canvases_in_the_unit_range():
+    images = next(G.composition_batches(8, torch.Generator().manual_seed(0)))
+    assert images.shape == (8, 3, 64, 64) and images.amax() <= 1 and images.amin() >= 0
+
+
+def test_task_prompts_are_balanced_held_out_and_labelled_by_category():
+    train, held_out = geneval_prompts("train"), geneval_prompts("eval")
+    per_category = collections.Counter(tag for _, tag in train)
+    assert len(set(per_category.values())) == 1 and set(per_category) == set(GENEVAL_TAGS)
+    assert {p for p, _ in train} == {s["prompt"] for s in geneval_specs("train")}
+    assert {p for p, _ in train}.isdisjoint(p for p, _ in held_out)
+    eval_counts = collections.Counter(tag for _, tag in held_out)
+    available = collections.Counter(s["tag"] for s in geneval_specs("eval"))
+    assert all(eval_counts[t] == min(available[t], eval_counts[t]) <= GENEVAL_EVAL_PER_CATEGORY for t in GENEVAL_TAGS)
+    assert all(eval_counts[t] >= min(available[t], GENEVAL_EVAL_PER_CATEGORY // 2) for t in GENEVAL_TAGS)
+    assert all(geneval_category(p) == tag for p, tag in train + held_out)
+    with pytest.raises(ValueError, match="not a GenEval digit prompt"):
+        geneval_category("a purple 3")
+
+
+def test_metrics_are_geneval_tables_of_the_reward_detector_and_the_judge():
+    specs = [s for s in geneval_specs("eval") for _ in range(2)]
+    images = compose(specs, "eval", torch.Generator().manual_seed(3)).images
+    prompts = [s["prompt"] for s in specs]
+    metrics = geneval_metrics(images, prompts, torch.zeros(len(specs)))
+    tables = geneval_digits_table(images, specs)
+    assert metrics["accuracy"] == tables["detector"]["overall"] and metrics["judge_accuracy"] == tables["judge"]["overall"]
+    assert metrics["judge_gap"] == pytest.approx(metrics["accuracy"] - metrics["judge_accuracy"])
+    assert all(metrics[f"geneval/{t}"] == tables["detector"][t] == metrics["accuracy_per_prompt"][t] for t in GENEVAL_TAGS)
+    assert all(metrics[f"judge_geneval/{t}"] == tables["judge"][t] for t in GENEVAL_TAGS)
+    assert metrics["accuracy"] > 0.8  # exact renderings satisfy their specs (GenEval's rules, 0.9 for counting)
+    blank = geneval_metrics(torch.zeros_like(images), prompts, torch.zeros(len(specs)))
+    assert blank["accuracy"] == blank["judge_accuracy"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def untrained_folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mnist_sd3_geneval")
+    G.build_geneval_pipeline(seed=0).save_pretrained(path)
+    return path
+
+
+def test_the_preset_builds_the_geneval_task_through_the_hub_path(untrained_folder):
+    config = build_config("vgrpo", "geneval", "mnist-sd3", [f"model.path={untrained_folder}"])
+    assert config.task == "mnist-sd3/geneval" and config.eval.per_prompt == 4
+    task = load_task(config.task, config.model)
+    assert isinstance(task, DiffusersTask) and (task.height, task.width) == (64, 64)
+    assert task.sample_shape == (4, 16, 16)
+    assert task.prompts == [p for p, _ in geneval_prompts("train")]
+    assert task.eval_prompt_list == [p for p, _ in geneval_prompts("eval")]
+    assert task.labels(["a red 3 and a blue 8", "three 4s"]) == ["color_attr", "counting"]
+    assert task.base.pipe.config._name_or_path == str(untrained_folder)
+
+
+def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkeypatch):
+    import integrations.diffusers_adapters.task as hub
+    from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+
+    seen = {}
+    monkeypatch.setattr(hub, "hub_task", lambda name, **kw: seen.update(name=name, **kw))
+    mnist_sd3_task("geneval", lora_rank=4)
+    assert seen["name"] == "mnist-sd3" and seen["path"] == str(G.PIPELINE_DIR) and seen["image_size"] == (64, 64)
+    mnist_sd3_task("digit")
+    assert seen["path"] is None  # the digit task keeps the hub model's own folder, MNIST-SD3
