@@ -12,7 +12,7 @@ of it the CNN classifier; the runs are bitwise reproducible on one machine). The
 detectors are written by ``python -m integrations.testbed.geneval_digits.train_detector``.
 
 ``mnist_sd3_geneval`` (not part of ``all``) trains the second pipeline, on GenEval's digit compositions
-(:mod:`integrations.testbed.geneval_digits.pipeline`, one torch thread), and writes ``checkpoints/mnist_sd3_geneval/``.
+(:mod:`integrations.testbed.geneval_digits.pipeline`), and writes ``checkpoints/mnist_sd3_geneval/``.
 
 ``mnist_sd3`` (not part of ``all``) trains the MNIST-SD3 ``StableDiffusion3Pipeline`` and writes the folder
 ``checkpoints/mnist_sd3/`` with its model card (:mod:`integrations.testbed.mnist_sd3.train`; about 20 minutes at
@@ -257,16 +257,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Two threads, as the shipped weights were made: each run is bitwise reproducible at that thread count (checked
     # for MNIST-SD3: results/mnist_sd3/); another count changes the order of float sums.
+    torch.set_num_threads(NUM_THREADS)
     if "mnist_sd3_geneval" in args.names:
         from integrations.testbed.geneval_digits import pipeline
 
-        torch.set_num_threads(pipeline.NUM_THREADS)
         card = pipeline.pretrain_geneval_pipeline(log=lambda line: print(line, flush=True))
         print(f"mnist_sd3_geneval: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
         args.names = [n for n in args.names if n != "mnist_sd3_geneval"]
         if not args.names:
             return
-    torch.set_num_threads(NUM_THREADS)
     if "mnist_sd3" in args.names:
         from integrations.testbed.mnist_sd3.train import pretrain_mnist_sd3
 

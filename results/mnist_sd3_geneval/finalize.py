@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from integrations.testbed.geneval_digits import pipeline as G
 from integrations.testbed.mnist_sd3.train import save_pipeline
-torch.set_num_threads(G.NUM_THREADS)
+torch.set_num_threads(2)
 snapshots, step, save = Path(sys.argv[1]), int(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "save"
 pipe = G.build_geneval_pipeline(seed=0)
 vae = torch.load(snapshots / "vae.pt")

@@ -1,5 +1,5 @@
 """Pilot of the MNIST-SD3-GenEval rebuild: exactly `pretrain_geneval_pipeline`'s computation (VAE_RECIPE, then
-FLOW_RECIPE with FLOW_STEPS steps, NUM_THREADS threads), with measurements as callbacks that touch no training
+FLOW_RECIPE with FLOW_STEPS steps, 2 torch threads (the pretrain command's)), with measurements as callbacks that touch no training
 random stream: GenEval's table of the VAE round trip every 250 VAE steps, and of CFG-free samples (every held-out
 spec once, 20 steps) every 1000 flow steps; fp32 snapshots of every flow measurement go to SNAPSHOTS.
 Both stages use a constant rate after warmup, so snapshot k IS the rebuild with FLOW_RECIPE steps=k.
@@ -14,7 +14,7 @@ from integrations.testbed.geneval_digits.compositions import compose
 from integrations.testbed.geneval_digits.prompts import geneval_specs
 from integrations.testbed.geneval_digits.reward import geneval_digits_scorer, geneval_digits_table
 from integrations.testbed.mnist_sd3.train import decode, encode_moments, train_vae
-torch.set_num_threads(G.NUM_THREADS)
+torch.set_num_threads(2)
 STEPS, OUT = int(sys.argv[1]), Path(sys.argv[2])
 OUT.mkdir(parents=True, exist_ok=True)
 scorers = {"detector": geneval_digits_scorer("digit_detector"), "judge": geneval_digits_scorer("digit_detector_judge")}

@@ -75,13 +75,29 @@ def vae_batches(digits: torch.Tensor, labels: torch.Tensor, batch_size: int, gen
         yield torch.cat([singles, windows])
 
 
-def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: int, log=print, callback=None,
-              batches=None) -> None:
+def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, ink_weight: float = 1.0) -> torch.Tensor:
+    """L1 + MSE between ``recon`` and ``x`` (model space), each pixel weighted ``ink_weight`` where ``x`` has ink
+    (any channel above 0.1 in [0, 1]) and 1 on the background, normalised by the mean weight.
+
+    On sparse canvases the background dominates a plain mean: a composition VAE trained with ``ink_weight`` 1
+    tied the red and green channels (red and green strokes came back yellow), while 10 reads 99.7% of the
+    colours back (``results/mnist_sd3_geneval/vae_colour_probe.log``). ``ink_weight`` 1 is MNIST-SD3's plain
+    ``l1_loss + mse_loss`` (the same float operations, so its rebuild stays bitwise identical)."""
+    if ink_weight == 1.0:
+        return F.l1_loss(recon, x) + F.mse_loss(recon, x)
+    weight = 1 + (ink_weight - 1) * (x.amax(1, keepdim=True) > 0.1 * 2 - 1).to(x.dtype)
+    error = recon - x
+    return (weight * (error.abs() + error.pow(2))).mean() / weight.mean()
+
+
+def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: int, ink_weight: float = 1.0,
+              log=print, callback=None, batches=None) -> None:
     """Fit ``vae`` (an ``AutoencoderKL``) to images in model space ``[-1, 1]`` (see the module doc).
 
     ``batches(batch_size, generator)`` is the endless source of images in [0, 1] (default: MNIST-SD3's
-    tinted digits and number windows, ``vae_batches``). AdamW, linear warmup over 50 steps, then a constant
-    rate (so the first k steps of a longer run are a run of k steps). ``callback(step, vae)`` after every step."""
+    tinted digits and number windows, ``vae_batches``); the loss is ``reconstruction_loss`` (``ink_weight``)
+    plus ``kl`` times the posterior's KL. AdamW, linear warmup over 50 steps, then a constant rate (so the
+    first k steps of a longer run are a run of k steps). ``callback(step, vae)`` after every step."""
     if batches is None:
         digits, labels = load_mnist("train")
 
@@ -99,7 +115,7 @@ def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: i
         posterior = vae.encode(x).latent_dist
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
         recon = vae.decode(z).sample
-        loss = F.l1_loss(recon, x) + F.mse_loss(recon, x) + kl * posterior.kl().mean()
+        loss = reconstruction_loss(recon, x, ink_weight) + kl * posterior.kl().mean()
         optimizer_step(opt, sched, loss)
         if (step + 1) % 100 == 0 or step == 0:
             log(f"vae step {step + 1}/{steps} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")

@@ -146,3 +146,26 @@ def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkey
     assert seen["name"] == "mnist-sd3" and seen["path"] == str(G.PIPELINE_DIR) and seen["image_size"] == (64, 64)
     mnist_sd3_task("digit")
     assert seen["path"] is None  # the digit task keeps the hub model's own folder, MNIST-SD3
+
+
+def test_reconstruction_loss_weights_stroke_pixels_and_is_plain_l1_mse_at_weight_one():
+    from integrations.testbed.mnist_sd3.train import reconstruction_loss
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.full((2, 3, 4, 4), -1.0)  # black canvas in model space
+    x[:, 0, :2] = 0.6  # a red stroke on the top half: ink where any channel exceeds 0.1 in [0, 1]
+    recon = x + 0.1 * torch.randn(x.shape, generator=g)
+    plain = torch.nn.functional.l1_loss(recon, x) + torch.nn.functional.mse_loss(recon, x)
+    assert torch.equal(reconstruction_loss(recon, x), plain)
+    # Closed form: per-pixel (|e| + e^2) averaged with weight 10 on the 16 ink pixels of 32 per image and channel.
+    per_pixel = ((recon - x).abs() + (recon - x).pow(2))
+    weight = torch.ones_like(x[:, :1]).repeat(1, 3, 1, 1)
+    weight[:, :, :2] = 10.0
+    expected = (weight * per_pixel).sum() / weight.sum()
+    torch.testing.assert_close(reconstruction_loss(recon, x, ink_weight=10.0), expected)
+    # The same error costs ink_weight times more on a stroke than on the background.
+    on_ink, on_background = x.clone(), x.clone()
+    on_ink[0, 1, 0, 0] += 0.5
+    on_background[0, 1, 3, 3] += 0.5
+    ratio = reconstruction_loss(on_ink, x, 10.0) / reconstruction_loss(on_background, x, 10.0)
+    torch.testing.assert_close(ratio, torch.tensor(10.0))
