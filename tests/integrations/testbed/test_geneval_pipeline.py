@@ -169,3 +169,20 @@ def test_reconstruction_loss_weights_stroke_pixels_and_is_plain_l1_mse_at_weight
     on_background[0, 1, 3, 3] += 0.5
     ratio = reconstruction_loss(on_ink, x, 10.0) / reconstruction_loss(on_background, x, 10.0)
     torch.testing.assert_close(ratio, torch.tensor(10.0))
+
+
+def test_sample_writes_images_prompts_and_categories_for_outside_judges(untrained_folder, tmp_path):
+    import numpy as np
+
+    from algorithms.cli import main as cli_main
+
+    out = tmp_path / "geneval.npz"
+    argv = ["sample", "--preset", "mnist-sd3", "--task", "geneval", "--per-prompt", "2", "--seed", "3", "--steps", "2",
+            "--out", str(out), f"model.path={untrained_folder}"]
+    assert cli_main(argv) == 0
+    data = np.load(out)
+    held_out = geneval_prompts("eval")
+    assert data["images"].dtype == np.float32 and data["images"].shape == (2 * len(held_out), 3, 64, 64)
+    assert 0 <= data["images"].min() and data["images"].max() <= 1
+    assert data["prompts"].tolist() == [p for p, _ in held_out for _ in range(2)]
+    assert data["labels"].tolist() == [tag for _, tag in held_out for _ in range(2)]
