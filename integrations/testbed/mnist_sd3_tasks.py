@@ -254,6 +254,12 @@ def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, rew
     spec = MNIST_SD3_TASKS[kind]
     if path is None and spec.pipeline is not None:
         path = str(spec.pipeline())
+        if not (Path(path) / "model_index.json").is_file():
+            from integrations.rewards.loading import MissingWeightsError
+
+            raise MissingWeightsError(
+                f"Task 'mnist-sd3/{kind}' runs on the pipeline folder {path}, which is not built yet: run "
+                f"`python -m integrations.testbed.pretrain mnist_sd3_{kind}` or set model.path=<pipeline directory>.")
     return hub_task(
         "mnist-sd3",
         path=path,

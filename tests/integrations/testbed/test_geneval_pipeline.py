@@ -136,14 +136,22 @@ def test_the_preset_builds_the_geneval_task_through_the_hub_path(untrained_folde
     assert task.base.pipe.config._name_or_path == str(untrained_folder)
 
 
-def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkeypatch):
+def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkeypatch, tmp_path):
     import integrations.diffusers_adapters.task as hub
     from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
 
+    from integrations.rewards.loading import MissingWeightsError
+
     seen = {}
     monkeypatch.setattr(hub, "hub_task", lambda name, **kw: seen.update(name=name, **kw))
+    folder = tmp_path / "mnist_sd3_geneval"
+    monkeypatch.setattr(G, "PIPELINE_DIR", folder)
+    with pytest.raises(MissingWeightsError, match="pretrain mnist_sd3_geneval"):
+        mnist_sd3_task("geneval")  # an unbuilt folder names the command that builds it
+    folder.mkdir()
+    (folder / "model_index.json").write_text("{}")
     mnist_sd3_task("geneval", lora_rank=4)
-    assert seen["name"] == "mnist-sd3" and seen["path"] == str(G.PIPELINE_DIR) and seen["image_size"] == (64, 64)
+    assert seen["name"] == "mnist-sd3" and seen["path"] == str(folder) and seen["image_size"] == (64, 64)
     mnist_sd3_task("digit")
     assert seen["path"] is None  # the digit task keeps the hub model's own folder, MNIST-SD3
 
