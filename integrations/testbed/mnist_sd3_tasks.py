@@ -169,8 +169,7 @@ def geneval_prompts(split: str) -> list[tuple[str, str]]:
     from integrations.rewards.geneval import GENEVAL_TAGS
     from integrations.testbed.geneval_digits.prompts import geneval_specs
 
-    specs = geneval_specs(split)
-    groups = [[s["prompt"] for s in specs if s["tag"] == tag] for tag in GENEVAL_TAGS]
+    groups = [[s["prompt"] for s in geneval_specs(split, (tag,))] for tag in GENEVAL_TAGS]
     if split == "eval":
         groups = [g[::math.ceil(len(g) / GENEVAL_EVAL_PER_CATEGORY)] for g in groups]
     else:
@@ -202,25 +201,24 @@ def geneval_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Ten
 
     specs = [_geneval_specs()[p] for p in prompts]
     tables = geneval_digits_table(images, specs, _geneval_scorers())
-    detector, judge = tables["detector"], tables["judge"]
-    out = {"accuracy": detector["overall"], "judge_accuracy": judge["overall"],
-           "judge_gap": detector["overall"] - judge["overall"],
-           "accuracy_per_prompt": {k: v for k, v in detector.items() if k != "overall"}}
-    out.update({f"geneval/{k}": v for k, v in detector.items() if k != "overall"})
-    out.update({f"judge_geneval/{k}": v for k, v in judge.items() if k != "overall"})
-    return out
+    detector, judge = dict(tables["detector"]), dict(tables["judge"])
+    accuracy, judge_accuracy = detector.pop("overall"), judge.pop("overall")
+    return {"accuracy": accuracy, "judge_accuracy": judge_accuracy, "judge_gap": accuracy - judge_accuracy,
+            "accuracy_per_prompt": detector, **{f"geneval/{k}": v for k, v in detector.items()},
+            **{f"judge_geneval/{k}": v for k, v in judge.items()}}
 
 
-def _geneval_pipeline() -> Path:
-    from integrations.testbed.geneval_digits.pipeline import PIPELINE_DIR as GENEVAL_PIPELINE_DIR
+def _geneval_pipeline() -> tuple[Path, str]:
+    from integrations.testbed.geneval_digits import pipeline
 
-    return GENEVAL_PIPELINE_DIR
+    return pipeline.PIPELINE_DIR, pipeline.REBUILD_COMMAND
 
 
 @dataclass(frozen=True)
 class MnistSD3Spec:
     """What one MNIST-SD3 task brings: prompts per split, image size, reward, metrics (and the labels of the
-    headline ones), label, and the shipped pipeline folder it runs on (``None``: MNIST-SD3's own)."""
+    headline ones), label, and the shipped pipeline it runs on: ``pipeline()`` -> (folder, the command that builds
+    it), ``None`` for MNIST-SD3's own."""
 
     prompts: Callable[[str], list[tuple[str, object]]]
     image_size: tuple[int, int]
@@ -228,7 +226,7 @@ class MnistSD3Spec:
     metrics: Callable[[torch.Tensor, list[str], torch.Tensor], dict]
     label: Callable[[str], object]
     evaluation_metrics: dict[str, str]
-    pipeline: Callable[[], Path] | None = None
+    pipeline: Callable[[], tuple[Path, str]] | None = None
 
 
 MNIST_SD3_TASKS = {
@@ -253,13 +251,13 @@ def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, rew
         raise ValueError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
     spec = MNIST_SD3_TASKS[kind]
     if path is None and spec.pipeline is not None:
-        path = str(spec.pipeline())
-        if not (Path(path) / "model_index.json").is_file():
+        folder, rebuild = spec.pipeline()
+        if not (folder / "model_index.json").is_file():
             from integrations.rewards.loading import MissingWeightsError
 
-            raise MissingWeightsError(
-                f"Task 'mnist-sd3/{kind}' runs on the pipeline folder {path}, which is not built yet: run "
-                f"`python -m integrations.testbed.pretrain mnist_sd3_{kind}` or set model.path=<pipeline directory>.")
+            raise MissingWeightsError(f"Task 'mnist-sd3/{kind}' runs on the pipeline folder {folder}, which is not "
+                                      f"built yet: run `{rebuild}` or set model.path=<pipeline directory>.")
+        path = str(folder)
     return hub_task(
         "mnist-sd3",
         path=path,

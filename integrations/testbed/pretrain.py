@@ -26,6 +26,7 @@ implies), so the RL surrogate and the pretraining objective are the same functio
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import time
 
@@ -249,31 +250,30 @@ def pretrain_policy(name: str) -> dict:
     return card
 
 
+PIPELINES = {
+    "mnist_sd3": ("integrations.testbed.mnist_sd3.train", "pretrain_mnist_sd3"),
+    "mnist_sd3_geneval": ("integrations.testbed.geneval_digits.pipeline", "pretrain_geneval_pipeline"),
+}
+"""The shipped diffusers pipelines (not part of ``all``): name -> (module, ``f(log) -> card``), imported on use
+(they need diffusers)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all", "mnist_sd3", "mnist_sd3_geneval"],
+    parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all", *PIPELINES],
                         help="the GenEval digit detectors have their own script: "
                              "python -m integrations.testbed.geneval_digits.train_detector")
     args = parser.parse_args(argv)
     # Two threads, as the shipped weights were made: each run is bitwise reproducible at that thread count (checked
     # for MNIST-SD3: results/mnist_sd3/); another count changes the order of float sums.
     torch.set_num_threads(NUM_THREADS)
-    if "mnist_sd3_geneval" in args.names:
-        from integrations.testbed.geneval_digits import pipeline
-
-        card = pipeline.pretrain_geneval_pipeline(log=lambda line: print(line, flush=True))
-        print(f"mnist_sd3_geneval: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
-        args.names = [n for n in args.names if n != "mnist_sd3_geneval"]
-        if not args.names:
-            return
-    if "mnist_sd3" in args.names:
-        from integrations.testbed.mnist_sd3.train import pretrain_mnist_sd3
-
-        card = pretrain_mnist_sd3(log=lambda line: print(line, flush=True))
-        print(f"mnist_sd3: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
-        args.names = [n for n in args.names if n != "mnist_sd3"]
-        if not args.names:
-            return
+    for name in [n for n in PIPELINES if n in args.names]:
+        module, function = PIPELINES[name]
+        card = getattr(importlib.import_module(module), function)(log=lambda line: print(line, flush=True))
+        print(f"{name}: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
+    args.names = [n for n in args.names if n not in PIPELINES]
+    if not args.names:
+        return
     names = [*CLASSIFIER_RECIPES, *POLICY_RECIPES] if "all" in args.names else args.names
     names = sorted(names, key=lambda n: n in POLICY_RECIPES)  # classifiers first: policy cards use them
     for name in names:

@@ -54,29 +54,24 @@ VOCABULARY = _vocabulary()
 """Every word of every GenEval digit prompt: one CLIP token each (digits go by character, "4s" is 4, s)."""
 
 
-def _check_prompt_lengths() -> None:
-    from integrations.testbed.mnist_sd3.build import clip_tokenizer
-
-    tokenizer = clip_tokenizer(VOCABULARY)
-    longest = max(len(tokenizer(spec["prompt"]).input_ids) for spec in geneval_specs("all"))
+def build_geneval_pipeline(seed: int = 0):
+    """The untrained pipeline: MNIST-SD3's configs with ``VOCABULARY`` and the ``IMAGE_SIZE`` canvas. A ValueError
+    names the limit if a GenEval digit prompt would not fit ``CLIP_LENGTH`` tokens (it would be cut silently)."""
+    pipe = build_pipeline(seed, vocabulary=VOCABULARY, image_sizes=(IMAGE_SIZE,))
+    longest = max(len(pipe.tokenizer(spec["prompt"]).input_ids) for spec in geneval_specs("all"))
     if longest > CLIP_LENGTH:
         raise ValueError(f"a GenEval digit prompt takes {longest} CLIP tokens; CLIP_LENGTH is {CLIP_LENGTH}")
+    return pipe
 
 
-def build_geneval_pipeline(seed: int = 0):
-    """The untrained pipeline: MNIST-SD3's configs with ``VOCABULARY`` and the ``IMAGE_SIZE`` canvas."""
-    _check_prompt_lengths()
-    return build_pipeline(seed, vocabulary=VOCABULARY, image_sizes=(IMAGE_SIZE,))
-
-
-def _by_category(specs: list[dict]) -> list[list[dict]]:
-    return [[s for s in specs if s["tag"] == tag] for tag in GENEVAL_TAGS]
+def _train_specs_by_category() -> list[list[dict]]:
+    return [geneval_specs("train", (tag,)) for tag in GENEVAL_TAGS]
 
 
 def composition_batches(batch_size: int, generator: torch.Generator):
     """Endless VAE batches ``(batch_size, 3, CANVAS, CANVAS)`` in [0, 1]: compositions of ``"train"`` specs, each
     sample's category uniform over GenEval's six."""
-    categories = _by_category(geneval_specs("train"))
+    categories = _train_specs_by_category()
     while True:
         tags = torch.randint(len(categories), (batch_size,), generator=generator).tolist()
         picks = torch.rand(batch_size, generator=generator).tolist()
@@ -91,14 +86,12 @@ def composition_pool(vae, seed: int, per_category: int) -> dict:
     Returns ``{"means", "stds"}`` (N, 4, 16, 16) unscaled posterior moments, ``"prompts"`` (N) and ``"category"``
     (N,) int64 index into GENEVAL_TAGS."""
     generator = torch.Generator().manual_seed(seed)
-    specs, category = [], []
-    for index, members in enumerate(_by_category(geneval_specs("train"))):
-        repeats = math.ceil(per_category / len(members))
-        specs += [s for s in members for _ in range(repeats)]
-        category += [index] * (repeats * len(members))
+    specs = [s for members in _train_specs_by_category()
+             for s in members for _ in range(math.ceil(per_category / len(members)))]
     images = torch.cat([compose(chunk, "train", generator).images for chunk in _chunks(specs, 500)])
     means, stds = encode_moments(vae, images)
-    return {"means": means, "stds": stds, "prompts": [s["prompt"] for s in specs], "category": torch.tensor(category)}
+    return {"means": means, "stds": stds, "prompts": [s["prompt"] for s in specs],
+            "category": torch.tensor([GENEVAL_TAGS.index(s["tag"]) for s in specs])}
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -115,8 +108,8 @@ def pool_batches(pool: dict, batch_size: int, scale: float, shift: float):
         while True:
             category = torch.randint(len(members), (batch_size,), generator=gen)
             idx = table[category, (torch.rand(batch_size, generator=gen) * counts[category]).long()]
-            noise = torch.randn(pool["means"][idx].shape, generator=gen)
-            z = (pool["means"][idx] + pool["stds"][idx] * noise - shift) * scale
+            means = pool["means"][idx]
+            z = (means + pool["stds"][idx] * torch.randn(means.shape, generator=gen) - shift) * scale
             yield "compositions", z, [pool["prompts"][i] for i in idx.tolist()]
 
     return batches

@@ -85,7 +85,8 @@ def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, ink_weight: float 
     ``l1_loss + mse_loss`` (the same float operations, so its rebuild stays bitwise identical)."""
     if ink_weight == 1.0:
         return F.l1_loss(recon, x) + F.mse_loss(recon, x)
-    weight = 1 + (ink_weight - 1) * (x.amax(1, keepdim=True) > 0.1 * 2 - 1).to(x.dtype)
+    ink = (x.amax(1, keepdim=True) + 1) / 2 > 0.1  # x in [-1, 1]: ink where a channel exceeds 0.1 in [0, 1]
+    weight = 1 + (ink_weight - 1) * ink.to(x.dtype)
     error = recon - x
     return (weight * (error.abs() + error.pow(2))).mean() / weight.mean()
 

@@ -194,3 +194,18 @@ def test_sample_writes_images_prompts_and_categories_for_outside_judges(untraine
     assert 0 <= data["images"].min() and data["images"].max() <= 1
     assert data["prompts"].tolist() == [p for p, _ in held_out for _ in range(2)]
     assert data["labels"].tolist() == [tag for _, tag in held_out for _ in range(2)]
+
+
+def test_pretrain_runs_the_geneval_rebuild_by_its_name(monkeypatch, capsys):
+    from integrations.testbed import pretrain
+
+    calls = []
+
+    def fake(log):
+        calls.append("geneval")
+        return {"metrics": {"overall": 0.5}, "seconds": {"total_s": 1}}
+
+    monkeypatch.setattr(G, "pretrain_geneval_pipeline", fake)
+    pretrain.main(["mnist_sd3_geneval"])
+    assert calls == ["geneval"] and "mnist_sd3_geneval: {'overall': 0.5} in 1 s" in capsys.readouterr().out
+    assert G.REBUILD_COMMAND == "python -m integrations.testbed.pretrain mnist_sd3_geneval"
