@@ -170,15 +170,15 @@ def test_sample_writes_the_documented_arrays_for_the_base_pipeline(pipeline, tmp
 def test_a_short_vgrpo_run_on_the_shipped_pipeline_raises_the_held_out_reward(tmp_path):
     """The hub path learns: 16 V-GRPO iterations (8 prompts x 8 images, the preset's lr 3e-4) on the SHIPPED
     MNIST-SD3 weights raise the held-out digit reward (60 samples, 6 Euler steps). The evaluation draws the same
-    noise before and after (fixed evaluation seed), so the difference is paired. Measured on this machine: reward
-    0.795 -> 0.813 (+0.018; 0.798, 0.801, 0.808 at iterations 4, 8, 12), accuracy 0.850 -> 0.900; asserted: at
-    least half the measured gain (+0.009) and no drop in accuracy."""
+    noise before and after (fixed evaluation seed), so the difference is paired. Measured on this machine with the
+    weights of the flow recipe's step 4500: reward 0.583 -> 0.606 (+0.023; 0.591, 0.594, 0.601 at iterations 4, 8,
+    12), accuracy 0.617 -> 0.683; asserted: at least half the measured gain (+0.011) and no drop in accuracy."""
     short = ["iterations=16", "prompts_per_iteration=8", "group_size=8", "rollout.num_steps=6", "optim.lr=3e-4",
              "eval.per_prompt=2", "eval.num_steps=6", "eval.every=0", "checkpoint_every=16", "seed=0"]
     evaluations = Trainer(build_config("vgrpo", "digit", "mnist-sd3", short), tmp_path / "run", progress=False).train()
     base, trained = evaluations[0], evaluations[-1]
     assert base["iteration"] == 0 and trained["iteration"] == 16
-    assert trained["reward_mean"] >= base["reward_mean"] + 0.009
+    assert trained["reward_mean"] >= base["reward_mean"] + 0.011
     assert trained["accuracy"] >= base["accuracy"]
 
 

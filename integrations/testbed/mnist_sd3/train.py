@@ -46,7 +46,7 @@ from .render import (DIGIT_SIZE, NUMBER_SIZE, TINT_NAMES, TINTS, classifier_view
 PIPELINE_DEFAULT_T5_TOKENS = 256  # StableDiffusion3Pipeline's default max_sequence_length
 
 VAE_RECIPE = dict(steps=1200, batch_size=32, lr=2e-3, kl=1e-6, seed=100)
-FLOW_RECIPE = dict(steps=6000, digit_batch=64, number_batch=32, number_share=0.7, lr=1e-3, warmup=100,
+FLOW_RECIPE = dict(steps=4500, digit_batch=16, number_batch=32, number_share=0.95, lr=1e-3, warmup=100,
                    p_uncond=0.1, seed=200, pool_seed=201, number_repeats=2)
 
 
@@ -382,10 +382,10 @@ def measure(pipe, classifier, engine) -> dict:
     return out
 
 
-def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR) -> None:
+def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_card) -> None:
     """Write ``pipe`` (T5-free) in float16 with ``save_pretrained`` (safetensors), with ``null_t5`` as its third
-    text encoder so that a plain ``from_pretrained(folder)`` loads, plus ``card.json`` and the README model card,
-    into ``folder``, replacing it as a whole (written next to it, then renamed)."""
+    text encoder so that a plain ``from_pretrained(folder)`` loads, plus ``card.json`` and the model card
+    ``readme(card)`` as ``README.md``, into ``folder``, replacing it as a whole (written next to it, then renamed)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

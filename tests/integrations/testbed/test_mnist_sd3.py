@@ -184,6 +184,40 @@ def test_build_is_deterministic_in_the_seed():
             assert torch.equal(x, y), (name, k)
 
 
+@pytest.mark.parametrize("readme", ["default", "custom"])
+def test_save_pipeline_writes_a_folder_that_a_plain_from_pretrained_loads(tmp_path, readme):
+    """What ``pretrain`` writes (both shipped pipelines): float16 safetensors a plain ``from_pretrained`` loads
+    (the null T5 as third encoder), ``card.json`` = the card plus the folder's size, ``README.md`` = the card
+    writer's text (MNIST-SD3's model card by default; MNIST-SD3-GenEval passes its own), an old folder replaced."""
+    import json
+
+    from diffusers import StableDiffusion3Pipeline
+
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from integrations.testbed.mnist_sd3.card import model_card
+    from integrations.testbed.mnist_sd3.train import save_pipeline
+
+    pipe = build_pipeline(seed=1)
+    card = json.loads((PIPELINE_DIR / "card.json").read_text())  # a complete card, for the default writer
+    folder = tmp_path / "pipe"
+    folder.mkdir()
+    (folder / "stale.txt").write_text("from an older build")
+    if readme == "default":
+        save_pipeline(pipe, card, folder)
+        expected = model_card
+    else:
+        save_pipeline(pipe, card, folder, readme=lambda c: f"custom card, {len(c)} fields")
+        expected = lambda c: f"custom card, {len(c)} fields"  # noqa: E731
+    written = json.loads((folder / "card.json").read_text())
+    assert written == {**card, "folder_bytes": written["folder_bytes"]} and written["folder_bytes"] > 1e5
+    assert (folder / "README.md").read_text() == expected(written)
+    assert not (folder / "stale.txt").exists() and not folder.with_name("pipe.tmp").exists()
+    loaded = StableDiffusion3Pipeline.from_pretrained(folder)
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        for key, value in getattr(pipe, name).state_dict().items():
+            assert torch.equal(getattr(loaded, name).state_dict()[key], value.half()), (name, key)
+
+
 # ---------------------------------------------------------------- training-only pieces
 def test_one_token_with_multiplicity_m_equals_m_identical_zero_tokens():
     """The T5 zero tokens that the pipeline appends without T5: m copies == one copy counted m times."""
@@ -270,6 +304,22 @@ def test_shipped_pipeline_loads_in_float32_with_the_real_classes(shipped):
 
     size = sum(f.stat().st_size for f in PIPELINE_DIR.rglob("*") if f.is_file())
     assert size <= 15e6
+
+
+def test_the_shipped_card_records_the_rebuild_recipes():
+    """``python -m integrations.testbed.pretrain mnist_sd3`` rebuilds what ships: the shipped card's VAE and flow
+    recipes are the module's ``VAE_RECIPE`` / ``FLOW_RECIPE``, and its CFG-free accuracies lie in the 15-75% band
+    that leaves both tasks headroom (issue 10), with CFG clearly higher."""
+    import json
+
+    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from integrations.testbed.mnist_sd3.train import FLOW_RECIPE, VAE_RECIPE
+
+    card = json.loads((PIPELINE_DIR / "card.json").read_text())
+    assert card["vae_recipe"] == VAE_RECIPE and card["flow_recipe"] == FLOW_RECIPE
+    for task in ("digit", "number"):
+        assert 0.15 <= card["metrics"][f"{task}/cfg1"] <= 0.75, task
+        assert card["metrics"][f"{task}/cfg4"] >= card["metrics"][f"{task}/cfg1"] + 0.1, task
 
 
 def test_encode_prompt_separates_prompts_and_is_deterministic(shipped):
