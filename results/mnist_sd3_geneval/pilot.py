@@ -19,7 +19,7 @@ STEPS, OUT = int(sys.argv[1]), Path(sys.argv[2])
 OUT.mkdir(parents=True, exist_ok=True)
 scorers = {"detector": geneval_digits_scorer("digit_detector"), "judge": geneval_digits_scorer("digit_detector_judge")}
 specs = geneval_specs("eval")
-exact = compose(specs, "eval", torch.Generator().manual_seed(G.EVAL["seed"])).images
+exact = compose(specs, "eval", torch.Generator().manual_seed(G.EVAL["seed"]), layout=G.LAYOUT).images
 T0 = time.perf_counter()
 def rec(**kw):
     kw["time"] = round(time.perf_counter() - T0); print(json.dumps(kw), flush=True)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from integrations.rewards.geneval import GENEVAL_TAGS, Detection, GenEvalReward, load_geneval_metadata
 from integrations.testbed.checkpoints import DETECTOR_NAMES, read_card
-from integrations.testbed.geneval_digits.compositions import compose, ink_boxes
+from integrations.testbed.geneval_digits.compositions import CELLS, compose, ink_boxes
 from integrations.testbed.geneval_digits.detector import DigitDetector, crop_colors, decode
 from integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs, write_geneval_files
 from integrations.testbed.geneval_digits.reward import geneval_digits_reward, geneval_digits_scorer, geneval_digits_table
@@ -98,9 +98,10 @@ def _some_specs_of_every_category(per_tag=20):
     return [s for tag in GENEVAL_TAGS for s in geneval_specs("eval", tags=(tag,))[:per_tag]]
 
 
-def test_compositions_satisfy_their_specs_under_geneval_rules():
+@pytest.mark.parametrize("layout", ["free", "cells"])
+def test_compositions_satisfy_their_specs_under_geneval_rules(layout):
     specs = _some_specs_of_every_category()
-    comp = compose(specs, "eval", torch.Generator().manual_seed(3))
+    comp = compose(specs, "eval", torch.Generator().manual_seed(3), layout=layout)
     assert comp.images.shape == (len(specs), 3, 64, 64) and 0 <= comp.images.min() and comp.images.max() <= 1
     results = GenEvalReward(_oracle(comp), color_classifier=crop_colors).evaluate(comp.images, specs)
     assert all(r.correct and r.strict_correct and r.score == 1.0 for r in results), [
@@ -110,8 +111,9 @@ def test_compositions_satisfy_their_specs_under_geneval_rules():
     assert colours == [[COLORS[c] for c in col[p].tolist()] for col, p in zip(comp.colors, comp.present)]
 
 
-def test_composition_boxes_are_the_tight_boxes_of_the_ink():
-    comp = compose(_some_specs_of_every_category(10), "train", torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("layout", ["free", "cells"])
+def test_composition_boxes_are_the_tight_boxes_of_the_ink(layout):
+    comp = compose(_some_specs_of_every_category(10), "train", torch.Generator().manual_seed(4), layout=layout)
     ys, xs = torch.meshgrid(torch.arange(64) + 0.5, torch.arange(64) + 0.5, indexing="ij")
     for image, boxes in zip(comp.images, comp.boxes):
         boxes = boxes[(boxes[:, 2] > boxes[:, 0])]
@@ -123,6 +125,23 @@ def test_composition_boxes_are_the_tight_boxes_of_the_ink():
             rows, cols = strip.any(dim=1).nonzero()[:, 0], strip.any(dim=0).nonzero()[:, 0]
             assert abs(int(y0) + rows[0] - y0) <= 1.5 and abs(int(y0) + rows[-1] + 1 - y1) <= 1.5
             assert abs(int(x0) + cols[0] - x0) <= 1.5 and abs(int(x0) + cols[-1] + 1 - x1) <= 1.5
+
+
+def test_the_cells_layout_puts_every_object_in_its_own_cell_of_the_grid():
+    """Layout "cells": each object's ink centre lies in a distinct cell of the CELLS x CELLS grid, away from the
+    cell's border by at least the jitter's margin (ink is centred in its frame up to a few pixels)."""
+    comp = compose(_some_specs_of_every_category(), "train", torch.Generator().manual_seed(6), layout="cells")
+    side = 64 / CELLS
+    centres = (comp.boxes[..., :2] + comp.boxes[..., 2:]) / 2
+    cells = (centres // side).long()
+    offsets = centres - (cells + 0.5) * side
+    assert (offsets[comp.present].abs() <= side / 2 - 3).all()
+    index = cells[..., 1] * CELLS + cells[..., 0]
+    for row, present in zip(index, comp.present):
+        assert len(set(row[present].tolist())) == int(present.sum())
+    assert len({tuple(c) for c in cells[comp.present].tolist()}) == CELLS * CELLS  # every cell gets used
+    with pytest.raises(ValueError, match="unknown composition layout 'grid'"):
+        compose(_some_specs_of_every_category(1), layout="grid")
 
 
 def test_ink_boxes_and_bad_specs():

@@ -9,7 +9,11 @@ training data of the digit detector (and of a composition pipeline), and their e
 detector's targets.
 
 A digit is its 28x28 MNIST frame scaled to a side drawn from `frame_sizes` pixels and placed by
-one batched `grid_sample` (no loop over images); its colour multiplies the grey stroke by the tint
+one batched `grid_sample` (no loop over images). Two layouts: `"free"` (anywhere on the canvas, frames of 22-34
+pixels: the detector's data) and `"cells"` (each object centred, +-`CELL_JITTER` pixels, in its own cell of a
+`CELLS` x `CELLS` grid, frames of 26-30 pixels: MNIST-SD3's digit scale at fixed places, as its numbers sit in
+fixed slots; left/right of then means neighbouring cells of a row, above/below of a column). Its colour
+multiplies the grey stroke by the tint
 in TINTS, MNIST-SD3's (so its VAE sees the colours it was trained on; the background stays black).
 Boxes are the tight box of the stroke pixels above `INK_LEVEL`, mapped through the same transform,
 as (x0, y0, x1, y1) in pixels.
@@ -32,6 +36,9 @@ CANVAS = 64
 MAX_OBJECTS = 4
 MIN_GAP = 2.0
 INK_LEVEL = 0.2
+CELLS = 2
+CELL_JITTER = 2.0
+FRAME_SIZES = {"free": (22.0, 34.0), "cells": (26.0, 30.0)}
 TINTS = torch.tensor([MNIST_SD3_TINTS[name] for name in COLORS])
 """RGB tint per colour of COLORS (rows in that order), MNIST-SD3's stroke colours: stroke = grey level x tint."""
 
@@ -88,10 +95,34 @@ def _layout_ok(boxes: torch.Tensor, present: torch.Tensor, relations: torch.Tens
     return (apart | ~pair).all(dim=(1, 2)) & (holds | ~needed).all(dim=(1, 2))
 
 
+def _free_draw(frame_boxes: torch.Tensor, canvas: int):
+    """Layout ``"free"``: corners uniform over the places that keep the ink (not the whole frame) on the canvas."""
+    def draw(idx: torch.Tensor, size: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        ink_lo, ink_hi = frame_boxes[idx, :, :2] / 28 * size[..., None], frame_boxes[idx, :, 2:] / 28 * size[..., None]
+        span = (canvas - (ink_hi - ink_lo)).clamp_min(0)
+        return torch.rand(*size.shape, 2, generator=generator) * span - ink_lo
+    return draw
+
+
+def _cell_draw(canvas: int):
+    """Layout ``"cells"``: every object in a distinct random cell of the ``CELLS`` x ``CELLS`` grid, its frame
+    centred there up to ``CELL_JITTER`` pixels per axis."""
+    centres = (torch.arange(CELLS) + 0.5) * canvas / CELLS
+
+    def draw(idx: torch.Tensor, size: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        m, k = size.shape
+        cells = torch.rand(m, CELLS * CELLS, generator=generator).argsort(dim=1)[:, :k]
+        centre = torch.stack([centres[cells % CELLS], centres[cells // CELLS]], dim=-1)
+        centre = centre + (2 * torch.rand(m, k, 2, generator=generator) - 1) * CELL_JITTER
+        return centre - size[..., None] / 2
+    return draw
+
+
 def _place(frame_boxes: torch.Tensor, present: torch.Tensor, relations: torch.Tensor,
-           frame_sizes: tuple[float, float], canvas: int, generator: torch.Generator,
+           frame_sizes: tuple[float, float], draw, generator: torch.Generator,
            max_rounds: int = 200) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rejection-sample frame sizes and corners until `_layout_ok`; rows that keep failing shrink their digits.
+    """Rejection-sample frame sizes and corners (``draw(rows, sizes, generator)``) until `_layout_ok`; rows that
+    keep failing shrink their digits.
 
     Returns (corners (N, K, 2) frame top-left in pixels, sizes (N, K) frame sides in pixels).
     """
@@ -102,14 +133,11 @@ def _place(frame_boxes: torch.Tensor, present: torch.Tensor, relations: torch.Te
     shrink = torch.ones(n)
     for round_ in range(max_rounds):
         idx = todo.nonzero()[:, 0]
-        m = len(idx)
         low, high = frame_sizes
-        size = (low + (high - low) * torch.rand(m, k, generator=generator)) * shrink[idx, None]
-        # Keep the ink (not the whole frame) inside the canvas.
-        ink_lo, ink_hi = frame_boxes[idx, :, :2] / 28 * size[..., None], frame_boxes[idx, :, 2:] / 28 * size[..., None]
-        span = (canvas - (ink_hi - ink_lo)).clamp_min(0)
-        corner = torch.rand(m, k, 2, generator=generator) * span - ink_lo
+        size = (low + (high - low) * torch.rand(len(idx), k, generator=generator)) * shrink[idx, None]
+        corner = draw(idx, size, generator)
         sizes[idx], corners[idx] = size, corner
+        ink_lo, ink_hi = frame_boxes[idx, :, :2] / 28 * size[..., None], frame_boxes[idx, :, 2:] / 28 * size[..., None]
         boxes = torch.cat([corner + ink_lo, corner + ink_hi], dim=-1)
         ok = _layout_ok(boxes, present[idx], relations[idx])
         todo[idx[ok]] = False
@@ -171,12 +199,15 @@ def _objects_of(spec: Mapping) -> list[tuple[int, int | None, tuple[str, int] | 
 
 
 def compose(specs: Sequence[Mapping], split: str = "train", generator: torch.Generator | None = None,
-            frame_sizes: tuple[float, float] = (22.0, 34.0), canvas: int = CANVAS) -> Compositions:
-    """One canvas per GenEval spec, drawn from MNIST-5k digits of `split` (see the module docstring).
+            frame_sizes: tuple[float, float] | None = None, canvas: int = CANVAS, layout: str = "free") -> Compositions:
+    """One canvas per GenEval spec, drawn from MNIST-5k digits of `split` in `layout` (see the module docstring),
+    frames of `frame_sizes` pixels (default: the layout's `FRAME_SIZES`).
 
     A spec's objects are its include clauses' `count` copies of `class` (different MNIST digits);
     exclude clauses hold automatically since nothing else is drawn.
     """
+    if layout not in FRAME_SIZES:
+        raise ValueError(f"unknown composition layout {layout!r}; expected one of {', '.join(FRAME_SIZES)}")
     generator = generator or torch.Generator().manual_seed(0)
     source = _source(split)
     n = len(specs)
@@ -200,7 +231,8 @@ def compose(specs: Sequence[Mapping], split: str = "train", generator: torch.Gen
     index = table[labels.clamp_min(0), pick]
     digits = source.digits[index] * present[..., None, None, None]
     frame_boxes = source.boxes[index]
-    corners, sizes = _place(frame_boxes, present, relations, frame_sizes, canvas, generator)
+    draw = _free_draw(frame_boxes, canvas) if layout == "free" else _cell_draw(canvas)
+    corners, sizes = _place(frame_boxes, present, relations, frame_sizes or FRAME_SIZES[layout], draw, generator)
     images = render(digits, TINTS[colors.clamp_min(0)], corners, sizes, canvas)
     scale = (sizes / 28)[..., None]
     boxes = torch.cat([corners + frame_boxes[..., :2] * scale, corners + frame_boxes[..., 2:] * scale], dim=-1)

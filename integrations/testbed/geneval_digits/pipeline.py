@@ -3,7 +3,9 @@
 The MNIST-SD3 architecture (``mnist_sd3.build.build_pipeline``: the same CLIP-L/G, VAE and transformer
 configs) with GenEval's prompt vocabulary (``VOCABULARY``) and a ``CANVAS`` x ``CANVAS`` canvas (16x16
 latents, 64 image tokens), trained from scratch by MNIST-SD3's own code on the synthetic compositions of
-``compositions.compose`` (MNIST-5k ``"train"`` digits, tinted, scaled, placed so that every spec holds):
+``compositions.compose`` (MNIST-5k ``"train"`` digits, tinted, scaled, placed so that every spec holds) in the
+``LAYOUT`` layout: ``"cells"``, each object in its own cell of a 2x2 grid at MNIST-SD3's digit scale (the
+first pilot's ``"free"`` layout, anywhere at any scale, did not learn the prompts in 8,000 steps):
 
 1. VAE (``mnist_sd3.train.train_vae``) on compositions of random ``"train"`` specs, every category equally often,
    stroke pixels weighted 10x in the loss (``reconstruction_loss``: unweighted, the sparse strokes' colours are lost).
@@ -37,6 +39,7 @@ from .prompts import geneval_specs
 PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_sd3_geneval"
 IMAGE_SIZE = (CANVAS, CANVAS)
 REBUILD_COMMAND = "python -m integrations.testbed.pretrain mnist_sd3_geneval"
+LAYOUT = "cells"
 
 VAE_RECIPE = dict(steps=1000, batch_size=16, lr=2e-3, kl=1e-6, ink_weight=10.0, seed=110)
 FLOW_RECIPE = dict(steps=6000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=210, pool_seed=211,
@@ -69,26 +72,26 @@ def _train_specs_by_category() -> list[list[dict]]:
 
 
 def composition_batches(batch_size: int, generator: torch.Generator):
-    """Endless VAE batches ``(batch_size, 3, CANVAS, CANVAS)`` in [0, 1]: compositions of ``"train"`` specs, each
-    sample's category uniform over GenEval's six."""
+    """Endless VAE batches ``(batch_size, 3, CANVAS, CANVAS)`` in [0, 1]: compositions of ``"train"`` specs in
+    ``LAYOUT``, each sample's category uniform over GenEval's six."""
     categories = _train_specs_by_category()
     while True:
         tags = torch.randint(len(categories), (batch_size,), generator=generator).tolist()
         picks = torch.rand(batch_size, generator=generator).tolist()
         specs = [categories[c][int(u * len(categories[c]))] for c, u in zip(tags, picks)]
-        yield compose(specs, "train", generator).images
+        yield compose(specs, "train", generator, layout=LAYOUT).images
 
 
 def composition_pool(vae, seed: int, per_category: int) -> dict:
-    """The flow's training latents: every ``"train"`` spec rendered ``ceil(per_category / specs in its category)``
-    times (fresh digits, colours and layout each time), encoded once.
+    """The flow's training latents: every ``"train"`` spec rendered in ``LAYOUT``
+    ``ceil(per_category / specs in its category)`` times (fresh digits, colours and places each time), encoded once.
 
     Returns ``{"means", "stds"}`` (N, 4, 16, 16) unscaled posterior moments, ``"prompts"`` (N) and ``"category"``
     (N,) int64 index into GENEVAL_TAGS."""
     generator = torch.Generator().manual_seed(seed)
     specs = [s for members in _train_specs_by_category()
              for s in members for _ in range(math.ceil(per_category / len(members)))]
-    images = torch.cat([compose(chunk, "train", generator).images for chunk in _chunks(specs, 500)])
+    images = torch.cat([compose(chunk, "train", generator, layout=LAYOUT).images for chunk in _chunks(specs, 500)])
     means, stds = encode_moments(vae, images)
     return {"means": means, "stds": stds, "prompts": [s["prompt"] for s in specs],
             "category": torch.tensor([GENEVAL_TAGS.index(s["tag"]) for s in specs])}
@@ -140,11 +143,11 @@ def sample_compositions(pipe, specs: list[dict], guidance_scale: float, seed: in
 
 def measure(pipe, scorers: dict | None = None) -> dict:
     """The card's numbers: GenEval's table (reward detector and judge) of the VAE round trip of held-out
-    compositions beside the exact renderings, and of the pipeline's samples per guidance scale."""
+    compositions (in ``LAYOUT``) beside the exact renderings, and of the pipeline's samples per guidance scale."""
     from .reward import geneval_digits_table
 
     specs = [s for s in geneval_specs("eval") for _ in range(EVAL["per_prompt"])]
-    exact = compose(specs, "eval", torch.Generator().manual_seed(EVAL["seed"])).images
+    exact = compose(specs, "eval", torch.Generator().manual_seed(EVAL["seed"]), layout=LAYOUT).images
     means, _ = encode_moments(pipe.vae, exact)
     recon = decode(pipe.vae, (means - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor)
     out = {"renderings": geneval_digits_table(exact, specs, scorers),
@@ -162,7 +165,7 @@ def describe(pipe, metrics: dict, vae_recipe: dict, flow_recipe: dict, seconds: 
     return {"components": {name: {"class": type(getattr(pipe, name)).__name__,
                                   "parameters": sum(p.numel() for p in getattr(pipe, name).parameters())}
                            for name in COMPONENTS},
-            "tokenizer_vocabulary": len(pipe.tokenizer), "clip_length": CLIP_LENGTH, "canvas": CANVAS,
+            "tokenizer_vocabulary": len(pipe.tokenizer), "clip_length": CLIP_LENGTH, "canvas": CANVAS, "layout": LAYOUT,
             "vae_latent_statistics": {"shift_factor": pipe.vae.config.shift_factor,
                                       "scaling_factor": pipe.vae.config.scaling_factor},
             "vae_recipe": vae_recipe, "flow_recipe": flow_recipe, "evaluation": EVAL, "seconds": seconds,
@@ -186,7 +189,7 @@ def model_card(card: dict) -> str:
 MNIST-SD3's architecture (see `../mnist_sd3/README.md`) with GenEval's prompt vocabulary
 ({card['tokenizer_vocabulary']} tokens, {card['clip_length']} per prompt) on a {card['canvas']}x{card['canvas']}
 canvas, trained from scratch on synthetic compositions of MNIST-5k `train` digits (tinted, scaled, placed so
-that each GenEval spec holds). Built and measured by `{REBUILD_COMMAND}` (code:
+that each GenEval spec holds; layout `{card['layout']}`). Built and measured by `{REBUILD_COMMAND}` (code:
 `integrations/testbed/geneval_digits/pipeline.py`); float16, safetensors, {card['folder_bytes'] / 1e6:.1f} MB.
 
 ```python
