@@ -95,10 +95,15 @@ def _layout_ok(boxes: torch.Tensor, present: torch.Tensor, relations: torch.Tens
     return (apart | ~pair).all(dim=(1, 2)) & (holds | ~needed).all(dim=(1, 2))
 
 
+def _ink_in_frame(frame_boxes: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-left and bottom-right of the ink relative to the frame's corner, for frames of side ``size`` pixels."""
+    return frame_boxes[..., :2] / 28 * size[..., None], frame_boxes[..., 2:] / 28 * size[..., None]
+
+
 def _free_draw(frame_boxes: torch.Tensor, canvas: int):
     """Layout ``"free"``: corners uniform over the places that keep the ink (not the whole frame) on the canvas."""
     def draw(idx: torch.Tensor, size: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        ink_lo, ink_hi = frame_boxes[idx, :, :2] / 28 * size[..., None], frame_boxes[idx, :, 2:] / 28 * size[..., None]
+        ink_lo, ink_hi = _ink_in_frame(frame_boxes[idx], size)
         span = (canvas - (ink_hi - ink_lo)).clamp_min(0)
         return torch.rand(*size.shape, 2, generator=generator) * span - ink_lo
     return draw
@@ -137,7 +142,7 @@ def _place(frame_boxes: torch.Tensor, present: torch.Tensor, relations: torch.Te
         size = (low + (high - low) * torch.rand(len(idx), k, generator=generator)) * shrink[idx, None]
         corner = draw(idx, size, generator)
         sizes[idx], corners[idx] = size, corner
-        ink_lo, ink_hi = frame_boxes[idx, :, :2] / 28 * size[..., None], frame_boxes[idx, :, 2:] / 28 * size[..., None]
+        ink_lo, ink_hi = _ink_in_frame(frame_boxes[idx], size)
         boxes = torch.cat([corner + ink_lo, corner + ink_hi], dim=-1)
         ok = _layout_ok(boxes, present[idx], relations[idx])
         todo[idx[ok]] = False
