@@ -239,7 +239,7 @@ def compose(specs: Sequence[Mapping], split: str = "train", generator: torch.Gen
     draw = _free_draw(frame_boxes, canvas) if layout == "free" else _cell_draw(canvas)
     corners, sizes = _place(frame_boxes, present, relations, frame_sizes or FRAME_SIZES[layout], draw, generator)
     images = render(digits, TINTS[colors.clamp_min(0)], corners, sizes, canvas)
-    scale = (sizes / 28)[..., None]
+    scale = (sizes / 28)[..., None]  # not _ink_in_frame: this order of the float ops made the detectors' data
     boxes = torch.cat([corners + frame_boxes[..., :2] * scale, corners + frame_boxes[..., 2:] * scale], dim=-1)
     boxes = torch.where(present[..., None], boxes, torch.zeros(()))
     return Compositions(images, boxes, labels, torch.where(present, colors, -1))

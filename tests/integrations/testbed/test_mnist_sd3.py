@@ -206,8 +206,10 @@ def test_save_pipeline_writes_a_folder_that_a_plain_from_pretrained_loads(tmp_pa
         save_pipeline(pipe, card, folder)
         expected = model_card
     else:
-        save_pipeline(pipe, card, folder, readme=lambda c: f"custom card, {len(c)} fields")
-        expected = lambda c: f"custom card, {len(c)} fields"  # noqa: E731
+        def expected(c):
+            return f"custom card, {len(c)} fields"
+
+        save_pipeline(pipe, card, folder, readme=expected)
     written = json.loads((folder / "card.json").read_text())
     assert written == {**card, "folder_bytes": written["folder_bytes"]} and written["folder_bytes"] > 1e5
     assert (folder / "README.md").read_text() == expected(written)
