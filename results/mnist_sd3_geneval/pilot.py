@@ -1,9 +1,9 @@
 """Pilot of the MNIST-SD3-GenEval rebuild: exactly `pretrain_geneval_pipeline`'s computation (VAE_RECIPE, then
-FLOW_RECIPE with FLOW_STEPS steps, 2 torch threads (the pretrain command's)), with measurements as callbacks that touch no training
+FLOW_RECIPE with FLOW_STEPS steps, THREADS torch threads (default 2, the pretrain command's)), with measurements as callbacks that touch no training
 random stream: GenEval's table of the VAE round trip every 250 VAE steps, and of CFG-free samples (every held-out
 spec once, 20 steps) every 1000 flow steps; fp32 snapshots of every flow measurement go to SNAPSHOTS.
 Both stages use a constant rate after warmup, so snapshot k IS the rebuild with FLOW_RECIPE steps=k.
-Usage: PYTHONPATH=. python results/mnist_sd3_geneval/pilot.py FLOW_STEPS SNAPSHOTS > results/mnist_sd3_geneval/pilot.log
+Usage: PYTHONPATH=. python -u results/mnist_sd3_geneval/pilot.py FLOW_STEPS SNAPSHOTS [THREADS] > results/mnist_sd3_geneval/pilot.log
 """
 import json, sys, time
 from pathlib import Path
@@ -14,8 +14,8 @@ from integrations.testbed.geneval_digits.compositions import compose
 from integrations.testbed.geneval_digits.prompts import geneval_specs
 from integrations.testbed.geneval_digits.reward import geneval_digits_scorer, geneval_digits_table
 from integrations.testbed.mnist_sd3.train import decode, encode_moments, train_vae
-torch.set_num_threads(2)
 STEPS, OUT = int(sys.argv[1]), Path(sys.argv[2])
+torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
 OUT.mkdir(parents=True, exist_ok=True)
 scorers = {"detector": geneval_digits_scorer("digit_detector"), "judge": geneval_digits_scorer("digit_detector_judge")}
 specs = geneval_specs("eval")
@@ -33,6 +33,8 @@ def vae_probe(step, vae):
     vae.train()
 def flow_probe(step, p):
     if step % 1000: return
+    if not (OUT / "vae.pt").exists():  # frozen from here on, its latent statistics set: any snapshot can be finalized
+        torch.save({"vae": p.vae.state_dict(), "vae_config": dict(p.vae.config)}, OUT / "vae.pt")
     procs = p.transformer.attn_processors
     p.transformer.set_attn_processor(JointAttnProcessor2_0())
     for m in (p.transformer, p.text_encoder, p.text_encoder_2): m.eval()
@@ -44,5 +46,4 @@ def flow_probe(step, p):
 pipe = G.build_geneval_pipeline(seed=0)
 train_vae(pipe.vae, log=print, batches=G.composition_batches, callback=vae_probe, **G.VAE_RECIPE)
 G.flow_stage(pipe, log=print, **{**G.FLOW_RECIPE, "steps": STEPS}, callback=flow_probe)
-torch.save({"vae": pipe.vae.state_dict(), "vae_config": dict(pipe.vae.config)}, OUT / "vae.pt")
 rec(stage="done")

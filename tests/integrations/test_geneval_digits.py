@@ -98,7 +98,7 @@ def _some_specs_of_every_category(per_tag=20):
     return [s for tag in GENEVAL_TAGS for s in geneval_specs("eval", tags=(tag,))[:per_tag]]
 
 
-@pytest.mark.parametrize("layout", ["free", "cells"])
+@pytest.mark.parametrize("layout", ["free", "cells", "slots"])
 def test_compositions_satisfy_their_specs_under_geneval_rules(layout):
     specs = _some_specs_of_every_category()
     comp = compose(specs, "eval", torch.Generator().manual_seed(3), layout=layout)
@@ -111,7 +111,7 @@ def test_compositions_satisfy_their_specs_under_geneval_rules(layout):
     assert colours == [[COLORS[c] for c in col[p].tolist()] for col, p in zip(comp.colors, comp.present)]
 
 
-@pytest.mark.parametrize("layout", ["free", "cells"])
+@pytest.mark.parametrize("layout", ["free", "cells", "slots"])
 def test_composition_boxes_are_the_tight_boxes_of_the_ink(layout):
     comp = compose(_some_specs_of_every_category(10), "train", torch.Generator().manual_seed(4), layout=layout)
     ys, xs = torch.meshgrid(torch.arange(64) + 0.5, torch.arange(64) + 0.5, indexing="ij")
@@ -127,21 +127,51 @@ def test_composition_boxes_are_the_tight_boxes_of_the_ink(layout):
             assert abs(int(x0) + cols[0] - x0) <= 1.5 and abs(int(x0) + cols[-1] + 1 - x1) <= 1.5
 
 
-def test_the_cells_layout_puts_every_object_in_its_own_cell_of_the_grid():
-    """Layout "cells": each object's ink centre lies in a distinct cell of the CELLS x CELLS grid, away from the
+def _cells_of(comp) -> torch.Tensor:
+    """(N, K) the grid cell (reading order) of each object's ink centre; asserts the centre lies away from the
     cell's border by at least the jitter's margin (ink is centred in its frame up to a few pixels)."""
-    comp = compose(_some_specs_of_every_category(), "train", torch.Generator().manual_seed(6), layout="cells")
     side = 64 / CELLS
     centres = (comp.boxes[..., :2] + comp.boxes[..., 2:]) / 2
     cells = (centres // side).long()
     offsets = centres - (cells + 0.5) * side
     assert (offsets[comp.present].abs() <= side / 2 - 3).all()
-    index = cells[..., 1] * CELLS + cells[..., 0]
+    return cells[..., 1] * CELLS + cells[..., 0]
+
+
+def test_the_cells_layout_puts_every_object_in_its_own_cell_of_the_grid():
+    comp = compose(_some_specs_of_every_category(), "train", torch.Generator().manual_seed(6), layout="cells")
+    index = _cells_of(comp)
     for row, present in zip(index, comp.present):
         assert len(set(row[present].tolist())) == int(present.sum())
-    assert len({tuple(c) for c in cells[comp.present].tolist()}) == CELLS * CELLS  # every cell gets used
+    assert set(index[comp.present].tolist()) == set(range(CELLS * CELLS))  # every cell gets used
+    for first in (0, 1):  # random cells: the first object mentioned is not always in the same one
+        assert len(set(index[:, first][comp.present[:, first]].tolist())) > 1
     with pytest.raises(ValueError, match="unknown composition layout 'grid'"):
         compose(_some_specs_of_every_category(1), layout="grid")
+
+
+def test_the_slots_layout_puts_the_kth_object_mentioned_in_cell_k_and_a_position_pair_where_its_relation_says():
+    specs = _some_specs_of_every_category()
+    comp = compose(specs, "train", torch.Generator().manual_seed(7), layout="slots")
+    index = _cells_of(comp)
+    # Written out per relation: "a <subject> REL a <target>" (target first in the spec), cells in reading order
+    # 0 1 / 2 3 of the 2x2 grid.
+    expected_pair = {"left of": [1, 0], "right of": [0, 1], "above": [2, 0], "below": [0, 2]}
+    seen = set()
+    for spec, row, present in zip(specs, index, comp.present):
+        clauses = [c for c in spec["include"] if "position" in c]
+        cells = row[present].tolist()
+        if clauses:
+            relation = clauses[0]["position"][0]
+            seen.add(relation)
+            assert cells == expected_pair[relation], spec["prompt"]
+        else:
+            assert cells == list(range(len(cells))), spec["prompt"]
+    assert seen == set(expected_pair)
+    outside_grammar = {"prompt": "a 1 and a 2 and a 3 left of the 1", "include": [
+        {"class": 1, "count": 1}, {"class": 2, "count": 1}, {"class": 3, "count": 1, "position": ["left of", 0]}]}
+    with pytest.raises(ValueError, match="second object relative to its first"):
+        compose([outside_grammar], layout="slots")
 
 
 def test_ink_boxes_and_bad_specs():

@@ -9,10 +9,12 @@ training data of the digit detector (and of a composition pipeline), and their e
 detector's targets.
 
 A digit is its 28x28 MNIST frame scaled to a side drawn from `frame_sizes` pixels and placed by
-one batched `grid_sample` (no loop over images). Two layouts: `"free"` (anywhere on the canvas, frames of 22-34
-pixels: the detector's data) and `"cells"` (each object centred, +-`CELL_JITTER` pixels, in its own cell of a
-`CELLS` x `CELLS` grid, frames of 26-30 pixels: MNIST-SD3's digit scale at fixed places, as its numbers sit in
-fixed slots; left/right of then means neighbouring cells of a row, above/below of a column). Its colour
+one batched `grid_sample` (no loop over images). Three layouts: `"free"` (anywhere on the canvas, frames of 22-34
+pixels: the detector's data), `"cells"` (each object centred, +-`CELL_JITTER` pixels, in its own random cell of a
+`CELLS` x `CELLS` grid, frames of 26-30 pixels: MNIST-SD3's digit scale at fixed places; left/right of then means
+neighbouring cells of a row, above/below of a column) and `"slots"` (the same cells, but the prompt decides which:
+the k-th object mentioned takes cell k in reading order, and a position prompt puts its two digits where the
+relation says (`SLOTS_OF_RELATION`), as MNIST-SD3's numbers sit in fixed slots). Its colour
 multiplies the grey stroke by the tint
 in TINTS, MNIST-SD3's (so its VAE sees the colours it was trained on; the background stays black).
 Boxes are the tight box of the stroke pixels above `INK_LEVEL`, mapped through the same transform,
@@ -38,7 +40,10 @@ MIN_GAP = 2.0
 INK_LEVEL = 0.2
 CELLS = 2
 CELL_JITTER = 2.0
-FRAME_SIZES = {"free": (22.0, 34.0), "cells": (26.0, 30.0)}
+FRAME_SIZES = {"free": (22.0, 34.0), "cells": (26.0, 30.0), "slots": (26.0, 30.0)}
+SLOTS_OF_RELATION = {"left of": (1, 0), "right of": (0, 1), "above": (2, 0), "below": (0, 2)}
+"""Layout ``"slots"``: the cells (reading order) of a position prompt's (target, subject), for "a <subject> REL a
+<target>" (the spec's first object is the target, its second the subject)."""
 TINTS = torch.tensor([MNIST_SD3_TINTS[name] for name in COLORS])
 """RGB tint per colour of COLORS (rows in that order), MNIST-SD3's stroke colours: stroke = grey level x tint."""
 
@@ -109,18 +114,38 @@ def _free_draw(frame_boxes: torch.Tensor, canvas: int):
     return draw
 
 
-def _cell_draw(canvas: int):
-    """Layout ``"cells"``: every object in a distinct random cell of the ``CELLS`` x ``CELLS`` grid, its frame
-    centred there up to ``CELL_JITTER`` pixels per axis."""
+def _cell_draw(canvas: int, slots: torch.Tensor | None = None):
+    """Layouts ``"cells"`` and ``"slots"``: every object in a distinct cell of the ``CELLS`` x ``CELLS`` grid (random,
+    or ``slots`` (N, K) cell indices in reading order), its frame centred there up to ``CELL_JITTER`` pixels per axis."""
     centres = (torch.arange(CELLS) + 0.5) * canvas / CELLS
 
     def draw(idx: torch.Tensor, size: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         m, k = size.shape
-        cells = torch.rand(m, CELLS * CELLS, generator=generator).argsort(dim=1)[:, :k]
+        if slots is None:
+            cells = torch.rand(m, CELLS * CELLS, generator=generator).argsort(dim=1)[:, :k]
+        else:
+            cells = slots[idx]
         centre = torch.stack([centres[cells % CELLS], centres[cells // CELLS]], dim=-1)
         centre = centre + (2 * torch.rand(m, k, 2, generator=generator) - 1) * CELL_JITTER
         return centre - size[..., None] / 2
     return draw
+
+
+def _slots(relations: torch.Tensor) -> torch.Tensor:
+    """Layout ``"slots"``: the cell of every object (N, K): object k in cell k, except a position prompt's two
+    objects, placed by ``SLOTS_OF_RELATION``. ValueError for a relation the GenEval grammar does not have (any
+    but the second object's to the first)."""
+    n, k = relations.shape[:2]
+    other = relations.clone()
+    other[:, 1, 0] = -1
+    if (other >= 0).any():
+        raise ValueError('layout "slots" places only a position prompt\'s second object relative to its first')
+    table = torch.tensor([SLOTS_OF_RELATION[r] for r in RELATIONS])
+    cells = torch.arange(k).repeat(n, 1)
+    rel = relations[:, 1, 0]
+    has = rel >= 0
+    cells[has, :2] = table[rel[has]]
+    return cells
 
 
 def _place(frame_boxes: torch.Tensor, present: torch.Tensor, relations: torch.Tensor,
@@ -236,7 +261,8 @@ def compose(specs: Sequence[Mapping], split: str = "train", generator: torch.Gen
     index = table[labels.clamp_min(0), pick]
     digits = source.digits[index] * present[..., None, None, None]
     frame_boxes = source.boxes[index]
-    draw = _free_draw(frame_boxes, canvas) if layout == "free" else _cell_draw(canvas)
+    draw = (_free_draw(frame_boxes, canvas) if layout == "free"
+            else _cell_draw(canvas, _slots(relations) if layout == "slots" else None))
     corners, sizes = _place(frame_boxes, present, relations, frame_sizes or FRAME_SIZES[layout], draw, generator)
     images = render(digits, TINTS[colors.clamp_min(0)], corners, sizes, canvas)
     scale = (sizes / 28)[..., None]  # not _ink_in_frame: this order of the float ops made the detectors' data
