@@ -47,7 +47,7 @@ def build_config(algo: str, task: str | None, preset: str, overrides: list[str])
     user's ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
     preset_config = apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides(preset, algo)])
     name = resolve_task_name(task or preset_config.task, task_namespace(preset))
-    config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name), *overrides])
+    config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name, algo), *overrides])
     resolve_task_name(config.task)  # a task=... override is checked too
     return config
 

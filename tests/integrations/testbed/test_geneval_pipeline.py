@@ -127,6 +127,11 @@ def untrained_folder(tmp_path_factory):
 def test_the_preset_builds_the_geneval_task_through_the_hub_path(untrained_folder):
     config = build_config("vgrpo", "geneval", "mnist-sd3", [f"model.path={untrained_folder}"])
     assert config.task == "mnist-sd3/geneval" and config.eval.per_prompt == 4
+    assert config.optim.lr == 1e-3  # V-GRPO's own setting for this task; the other algorithms keep the preset's
+    other = build_config("flow_grpo", "geneval", "mnist-sd3", [f"model.path={untrained_folder}"])
+    assert other.eval.per_prompt == 4 and other.optim.lr == 3e-4
+    assert build_config("vgrpo", "geneval", "mnist-sd3", ["optim.lr=2e-4"]).optim.lr == 2e-4  # the user's wins
+    assert build_config("vgrpo", "ocr", "mnist-sd3", []).optim.lr == 3e-4
     task = load_task(config.task, config.model)
     assert isinstance(task, DiffusersTask) and (task.height, task.width) == (64, 64)
     assert task.sample_shape == (4, 16, 16)
