@@ -188,20 +188,24 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
         # V-GRPO's own SD3.5-M scale is the paper's (a 40-step DPM-Solver++ rollout), not the baselines' 10 steps.
         return [*OFFICIAL[algo], *(PAPER["sd3.5-medium"] if algo == "vgrpo" else OFFICIAL_SD3)]
     if preset in OFFICIAL_ON_PIPELINE:
-        pipeline = PIPELINES[OFFICIAL_ON_PIPELINE[preset]]
-        return [*pipeline["common"], *pipeline.get(algo, []), *OFFICIAL[algo]]
+        return [*_common_then_own(PIPELINES[OFFICIAL_ON_PIPELINE[preset]], algo), *OFFICIAL[algo]]
     if preset in PAPER:
         return list(PAPER[preset])
     if preset in PIPELINES:
         if algo not in PIPELINES[preset]:
             raise ValueError(f"No {preset!r} settings for {algo!r}; the preset covers "
                              f"{', '.join(k for k in PIPELINES[preset] if k != 'common')}.")
-        return [*PIPELINES[preset]["common"], *PIPELINES[preset][algo]]
+        return _common_then_own(PIPELINES[preset], algo)
     raise ValueError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")
 
 
 def task_overrides(task: str, algo: str) -> list[str]:
     """A pipeline task's own settings for ``algo`` (``PIPELINE_TASKS``: common, then the algorithm's; none for
     other tasks)."""
-    settings = PIPELINE_TASKS.get(task, {})
+    return _common_then_own(PIPELINE_TASKS.get(task, {}), algo)
+
+
+def _common_then_own(settings: dict, algo: str) -> list[str]:
+    """``settings["common"]`` then ``settings[algo]`` (either may be absent): the shape of ``PIPELINES`` and
+    ``PIPELINE_TASKS`` entries."""
     return [*settings.get("common", []), *settings.get(algo, [])]

@@ -40,7 +40,8 @@ MIN_GAP = 2.0
 INK_LEVEL = 0.2
 CELLS = 2
 CELL_JITTER = 2.0
-FRAME_SIZES = {"free": (22.0, 34.0), "cells": (26.0, 30.0), "slots": (26.0, 30.0)}
+CELL_FRAME_SIZES = (26.0, 30.0)
+FRAME_SIZES = {"free": (22.0, 34.0), "cells": CELL_FRAME_SIZES, "slots": CELL_FRAME_SIZES}
 SLOTS_OF_RELATION = {"left of": (1, 0), "right of": (0, 1), "above": (2, 0), "below": (0, 2)}
 """Layout ``"slots"``: the cells (reading order) of a position prompt's (target, subject), for "a <subject> REL a
 <target>" (the spec's first object is the target, its second the subject)."""
@@ -261,8 +262,10 @@ def compose(specs: Sequence[Mapping], split: str = "train", generator: torch.Gen
     index = table[labels.clamp_min(0), pick]
     digits = source.digits[index] * present[..., None, None, None]
     frame_boxes = source.boxes[index]
-    draw = (_free_draw(frame_boxes, canvas) if layout == "free"
-            else _cell_draw(canvas, _slots(relations) if layout == "slots" else None))
+    if layout == "free":
+        draw = _free_draw(frame_boxes, canvas)
+    else:
+        draw = _cell_draw(canvas, slots=_slots(relations) if layout == "slots" else None)
     corners, sizes = _place(frame_boxes, present, relations, frame_sizes or FRAME_SIZES[layout], draw, generator)
     images = render(digits, TINTS[colors.clamp_min(0)], corners, sizes, canvas)
     scale = (sizes / 28)[..., None]  # not _ink_in_frame: this order of the float ops made the detectors' data

@@ -1,6 +1,6 @@
 """MNIST-SD3-GenEval's construction and the ``mnist-sd3/geneval`` task, on untrained weights (final configs).
 
-What the shipped weights must do (load, draw, learn) is in ``test_geneval_shipped.py``; here: the tokenizer
+What the shipped weights must do (load, draw, lie in the band) is in ``test_geneval_shipped.py``; here: the tokenizer
 keeps every GenEval word whole, the training data is balanced over GenEval's categories, the task's prompts,
 labels and metrics follow GenEval's rules, and the task builds through the hub path."""
 
