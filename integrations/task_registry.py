@@ -83,6 +83,8 @@ def _entries() -> dict[str, TaskEntry]:
                   _mnist_sd3("ocr")),
         TaskEntry("mnist-sd3/geneval", "the shipped MNIST-SD3-GenEval pipeline: GenEval's compositional prompts with "
                   "digits, 64x64, GenEval reward (digit detector)", _mnist_sd3("geneval")),
+        TaskEntry("mnist-sd3/geneval_ocr", "mnist-sd3/geneval's prompts and pipeline under two rewards: GenEval and "
+                  "OCR (rapidocr reads the digits), normalised per reward", _mnist_sd3("geneval_ocr")),
         TaskEntry("sd3.5-medium", "Stable Diffusion 3.5 Medium (weights needed locally), prompts and reward by the "
                   "model section", _hub("sd3.5-medium")),
         TaskEntry("flux.1-dev", "FLUX.1-dev (weights needed locally), prompts and reward by the model section",

@@ -348,10 +348,11 @@ class DiffusersTask:
         from integrations.testbed.evaluation import diversity
 
         reward = self.reward()
-        scores = reward(images, prompts)
+        scored = reward.multi(images, prompts) if isinstance(reward, TotalReward) else None  # each reward once
+        scores = reward(images, prompts) if scored is None else scored.total
         out = {"num_samples": images.shape[0], "reward_mean": scores.mean().item(), "reward_std": scores.std(correction=0).item()}
-        if isinstance(reward, TotalReward):
-            out.update({f"reward/{k}": v.mean().item() for k, v in reward.components(images, prompts).items()})
+        if scored is not None:
+            out.update({f"reward/{k}": scored.per_reward[:, i].mean().item() for i, k in enumerate(reward.names)})
         ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
         out["diversity"] = diversity(images, torch.tensor([ids[p] for p in prompts]))
         if self.metrics is not None:

@@ -99,10 +99,12 @@ class OCRReward(Reward):
             such as a 32x96 number, where detection splits or drops characters).
         view: ``view(images) -> images`` applied before reading, e.g. light-on-dark strokes inverted and
             upscaled (rapidocr reads dark print on a light background, a few dozen pixels high).
+        order_free: score which characters were read, not their order: recognised text and target are both
+            sorted before :func:`text_similarity` (a canvas of separate objects, read in any order).
     """
 
     def __init__(self, engine=None, require_quotes: bool = False, target=None, single_line: bool = False,
-                 view=None):
+                 view=None, order_free: bool = False):
         super().__init__()
         if engine is None:
             from rapidocr_onnxruntime import RapidOCR
@@ -111,7 +113,7 @@ class OCRReward(Reward):
         self.engine = engine
         self.require_quotes = require_quotes
         self.target_fn = target
-        self.single_line, self.view = single_line, view
+        self.single_line, self.view, self.order_free = single_line, view, order_free
 
     def recognise(self, images: torch.Tensor) -> list[str]:
         """The text found in each image: with detection, boxes joined top-to-bottom, left-to-right."""
@@ -136,6 +138,8 @@ class OCRReward(Reward):
         return text
 
     def score(self, images, prompts):
-        recognised = self.recognise(images)
-        scores = [text_similarity(found, self.target(p)) for found, p in zip(recognised, prompts)]
+        pairs = [(found, self.target(p)) for found, p in zip(self.recognise(images), prompts)]
+        if self.order_free:
+            pairs = [("".join(sorted(_normalise(found))), "".join(sorted(_normalise(target)))) for found, target in pairs]
+        scores = [text_similarity(found, target) for found, target in pairs]
         return torch.tensor(scores, device=images.device)

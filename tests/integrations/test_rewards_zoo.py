@@ -303,6 +303,18 @@ def test_ocr_reward_single_line_through_a_view_with_a_target_function():
     assert all((array == 255).all() for array, _ in engine.calls)  # black canvases read as white
 
 
+def test_ocr_reward_order_free_scores_the_characters_read_in_any_order():
+    # "39" read as "93": order-free full credit, ordered the official formula's 0.0 (two substitutions of two);
+    # "4 4X" for "444": one 4 missing, one extra X -> sorted "44x" vs "444": one substitution, 1 - 1/3.
+    texts = ["93", "4 4X", "93"]
+    targets = {"a": "39", "b": "444"}
+    free = OCRReward(engine=_ScriptedOCR(texts), target=targets.get, single_line=True, order_free=True)
+    ordered = OCRReward(engine=_ScriptedOCR(texts), target=targets.get, single_line=True)
+    images = torch.zeros(3, 3, 8, 24)
+    torch.testing.assert_close(free(images, ["a", "b", "a"]), torch.tensor([1.0, 2 / 3, 1.0]))
+    torch.testing.assert_close(ordered(images, ["a", "b", "a"]), torch.tensor([0.0, 2 / 3, 0.0]))
+
+
 def test_geneval_reward_with_an_injected_detector():
     def detector(images):
         cat = Detection("cat", 0.9, (0, 0, 10, 10), color="red")
