@@ -80,6 +80,17 @@ def text_similarity(recognised: str, target: str) -> float:
     return 1.0 - min(edit_distance(recognised, target), len(target)) / len(target)
 
 
+def multiset_similarity(recognised: str, target: str) -> float:
+    """Which characters were read, not where: both strings normalised as in :func:`text_similarity` and sorted,
+    then ``1 - min(edit_distance, len(target)) / len(target)``: Flow-GRPO's formula without its full credit for
+    a target found inside a longer text (a meaningless test on sorted strings, and an incentive to draw an object
+    twice), so every missing or extra character costs. An empty target scores 1.0 only for an empty recognition."""
+    recognised, target = "".join(sorted(_normalise(recognised))), "".join(sorted(_normalise(target)))
+    if not target:
+        return 1.0 if not recognised else 0.0
+    return 1.0 - min(edit_distance(recognised, target), len(target)) / len(target)
+
+
 @register_reward("ocr")
 class OCRReward(Reward):
     """Text-rendering accuracy: how well the image shows the prompt's target text (Flow-GRPO's OCR reward).
@@ -99,8 +110,8 @@ class OCRReward(Reward):
             such as a 32x96 number, where detection splits or drops characters).
         view: ``view(images) -> images`` applied before reading, e.g. light-on-dark strokes inverted and
             upscaled (rapidocr reads dark print on a light background, a few dozen pixels high).
-        order_free: score which characters were read, not their order: recognised text and target are both
-            sorted before :func:`text_similarity` (a canvas of separate objects, read in any order).
+        order_free: score which characters were read, not their order, by :func:`multiset_similarity` (a canvas
+            of separate objects, read in any order) instead of :func:`text_similarity`.
     """
 
     def __init__(self, engine=None, require_quotes: bool = False, target=None, single_line: bool = False,
@@ -138,8 +149,6 @@ class OCRReward(Reward):
         return text
 
     def score(self, images, prompts):
-        pairs = [(found, self.target(p)) for found, p in zip(self.recognise(images), prompts)]
-        if self.order_free:
-            pairs = [("".join(sorted(_normalise(found))), "".join(sorted(_normalise(target)))) for found, target in pairs]
-        scores = [text_similarity(found, target) for found, target in pairs]
+        similarity = multiset_similarity if self.order_free else text_similarity
+        scores = [similarity(found, self.target(p)) for found, p in zip(self.recognise(images), prompts)]
         return torch.tensor(scores, device=images.device)

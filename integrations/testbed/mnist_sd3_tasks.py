@@ -209,7 +209,7 @@ def canvas_reading_view(images: torch.Tensor, gap: int = READING_GAP, blurs: int
     ``gap`` blank pixels apart, strokes dark on white by their brightest channel (every tint reads dark, where
     luminance leaves a blue stroke faint), softened by ``blurs`` 3x3 box blurs (two: a 5x5 tent; rapidocr reads soft
     print edges better than MNIST's hard ones; on exact renderings of 128 training specs the mean reward rose
-    from 0.51 to 0.60, ``results/mnist_sd3_geneval/reading_view.log``): ``(B, 3, 32, 2 * 64 + gap)``."""
+    from 0.48 to 0.59, ``results/mnist_sd3_geneval/reading_view.log``): ``(B, 3, 32, 2 * 64 + gap)``."""
     from integrations.testbed.geneval_digits.compositions import CANVAS, CELLS
 
     if images.shape[-2:] != (CANVAS, CANVAS):

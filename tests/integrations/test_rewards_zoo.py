@@ -1,5 +1,6 @@
 """The reward zoo on tiny random models built locally and loaded through the real loaders (no downloads)."""
 
+import collections
 import json
 import string
 
@@ -304,15 +305,42 @@ def test_ocr_reward_single_line_through_a_view_with_a_target_function():
 
 
 def test_ocr_reward_order_free_scores_the_characters_read_in_any_order():
-    # "39" read as "93": order-free full credit, ordered the official formula's 0.0 (two substitutions of two);
-    # "4 4X" for "444": one 4 missing, one extra X -> sorted "44x" vs "444": one substitution, 1 - 1/3.
-    texts = ["93", "4 4X", "93"]
-    targets = {"a": "39", "b": "444"}
+    # "39" read as "93": order-free full credit, ordered the official formula's 0.0 (two substitutions of two).
+    # "4 4X" for "444": sorted "44x" vs "444", one substitution: 1 - 1/3 either way.
+    # "33" for "3": the official formula's full credit (the target occurs in the text); order-free one extra
+    # character of one: 0.0, so drawing a requested digit twice does not pay.
+    texts = ["93", "4 4X", "33", ""]
+    targets = {"a": "39", "b": "444", "c": "3"}
+    prompts = ["a", "b", "c", "c"]
     free = OCRReward(engine=_ScriptedOCR(texts), target=targets.get, single_line=True, order_free=True)
     ordered = OCRReward(engine=_ScriptedOCR(texts), target=targets.get, single_line=True)
-    images = torch.zeros(3, 3, 8, 24)
-    torch.testing.assert_close(free(images, ["a", "b", "a"]), torch.tensor([1.0, 2 / 3, 1.0]))
-    torch.testing.assert_close(ordered(images, ["a", "b", "a"]), torch.tensor([0.0, 2 / 3, 0.0]))
+    images = torch.zeros(4, 3, 8, 24)
+    torch.testing.assert_close(free(images, prompts), torch.tensor([1.0, 2 / 3, 0.0, 0.0]))
+    torch.testing.assert_close(ordered(images, prompts), torch.tensor([0.0, 2 / 3, 1.0, 0.0]))
+
+
+def test_multiset_similarity_is_one_minus_the_edit_distance_of_the_sorted_texts():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from integrations.rewards.simple import multiset_similarity
+
+    text = st.text(alphabet="0123456789 aA", max_size=6)
+
+    @settings(max_examples=300, derandomize=True, deadline=None)
+    @given(recognised=text, target=text.filter(lambda t: t.replace(" ", "")), order=st.randoms(use_true_random=False))
+    def check(recognised, target, order):
+        letters = list(recognised)
+        order.shuffle(letters)
+        score = multiset_similarity("".join(letters), target)
+        assert score == multiset_similarity(recognised, target)  # the order read never matters
+        clean = sorted(recognised.replace(" ", "").lower()), sorted(target.replace(" ", "").lower())
+        same = collections.Counter(clean[0]) == collections.Counter(clean[1])
+        assert (score == 1.0) == same  # full credit exactly when the same characters, as often, were read
+        assert 0.0 <= score <= 1.0
+
+    check()
+    assert multiset_similarity("x", "") == 0.0 and multiset_similarity(" ", "") == 1.0
 
 
 def test_geneval_reward_with_an_injected_detector():
