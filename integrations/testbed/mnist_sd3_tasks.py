@@ -17,9 +17,9 @@ cache.
 | geneval | "a red 3 and a blue 8" (GenEval's 6 categories) | 64x64 | Flow-GRPO's partial-credit GenEval score (digit detector) | second detector |
 | geneval_ocr | geneval's                                   | 64x64 | geneval's, and rapidocr reading the digits (order-free) | second detector |
 
-``geneval`` (and ``geneval_ocr``, the same task under two rewards) runs on the second shipped pipeline, MNIST-SD3-GenEval (``geneval_digits.pipeline``, trained on the
-compositions), through the same ``hub_task("mnist-sd3", path=...)``. Its training prompts are every ``"train"``
-spec, repeated so that each of GenEval's six categories is drawn equally often (the raw list is 77% colour
+``geneval`` (and ``geneval_ocr``, the same task under two rewards) runs on the second shipped pipeline,
+MNIST-SD3-GenEval (``geneval_digits.pipeline``, trained on the compositions), through the same
+``hub_task("mnist-sd3", path=...)``. Its training prompts are every ``"train"`` spec, repeated so that each of GenEval's six categories is drawn equally often (the raw list is 77% colour
 attribution); its evaluation prompts are ``GENEVAL_EVAL_PER_CATEGORY`` held-out specs per category (fewer where
 a category has fewer). ``accuracy`` is GenEval's overall score (the mean of the per-category accuracies under
 GenEval's rules) by the reward detector, ``judge_accuracy`` the same by the judge detector (a different detector
@@ -53,7 +53,8 @@ from integrations.testbed.rewards import DigitProbability
 from integrations.testbed.tasks import get_task
 
 __all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "canvas_reading_view", "digit_reward",
-           "geneval_digits_text", "geneval_ocr_reward", "geneval_prompts", "mnist_sd3_task", "number_slots", "ocr_reward"]
+           "geneval_digits_text", "geneval_ocr_reward", "geneval_prompts", "mnist_sd3_task", "number_slots",
+           "ocr_reward"]
 
 GENEVAL_EVAL_PER_CATEGORY = 24
 
@@ -224,9 +225,9 @@ def canvas_reading_view(images: torch.Tensor, gap: int = READING_GAP, blurs: int
 
 
 def geneval_reading_reward():
-    """The reward zoo's OCR reward (Flow-GRPO's formula) on a GenEval canvas: rapidocr reads
-    :func:`canvas_reading_view`'s line, scored order-free against :func:`geneval_digits_text` (does the image show
-    exactly the prompt's digits, legibly, wherever they are)."""
+    """The reward zoo's OCR reward on a GenEval canvas: rapidocr reads :func:`canvas_reading_view`'s line, scored
+    order-free (``multiset_similarity``) against :func:`geneval_digits_text`: does the image show exactly the
+    prompt's digits, legibly, wherever they are (an extra copy of a digit costs as a missing one does)."""
     from integrations.rewards import get_reward
 
     return get_reward("ocr", target=geneval_digits_text, single_line=True, view=canvas_reading_view, order_free=True)
@@ -296,13 +297,14 @@ MNIST_SD3_TASKS = {
                             {"accuracy": "GenEval overall (reward detector)",
                              "judge_accuracy": "GenEval overall (judge detector)"}, pipeline=_geneval_pipeline),
 }
-MNIST_SD3_TASKS["geneval_ocr"] = dataclasses.replace(MNIST_SD3_TASKS["geneval"], reward=geneval_ocr_reward)
+MNIST_SD3_TASKS["geneval_ocr"] = dataclasses.replace(MNIST_SD3_TASKS["geneval"],  # the same task, two rewards
+                                                     reward=geneval_ocr_reward)
 
 
 def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, reward=None, image_size=None,
                    **settings):
-    """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"`` / ``"geneval"`` / ``"geneval_ocr"``) as a ``DiffusersTask`` through
-    ``hub_task("mnist-sd3")`` on the task's shipped pipeline unless ``path`` names another; ``settings`` are the
+    """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"`` / ``"geneval"`` / ``"geneval_ocr"``) as a
+    ``DiffusersTask`` through ``hub_task("mnist-sd3")`` on the task's shipped pipeline unless ``path`` names another; ``settings`` are the
     other ``hub_task`` arguments (the run config's ``model`` section)."""
     from integrations.diffusers_adapters.task import hub_task
 

@@ -242,7 +242,8 @@ def test_the_reading_view_lays_the_rows_of_cells_side_by_side_dark_on_white():
     top, bottom = (5, 7), (40 - 32, 64 + READING_GAP + 3)
     assert ink[top] == pytest.approx(1 / 9) and ink[bottom] == pytest.approx(0.5 / 9)  # by the brightest channel
     assert ink.sum() == pytest.approx(1.5)  # and no ink lost away from the borders
-    assert ink[3:8, 5:10].sum() == pytest.approx(1.0) and ink[6:11, 64 + READING_GAP + 1:64 + READING_GAP + 6].sum() == pytest.approx(0.5)
+    right = 64 + READING_GAP + 3  # the bottom row's stroke column, past the top row and the gap
+    assert ink[3:8, 5:10].sum() == pytest.approx(1.0) and ink[6:11, right - 2:right + 3].sum() == pytest.approx(0.5)
     assert (line[1] == 1).all()  # an empty canvas is a white line
     with pytest.raises(ValueError, match="64x64 canvases, got \\(32, 96\\)"):
         canvas_reading_view(torch.zeros(1, 3, 32, 96))
