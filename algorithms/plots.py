@@ -4,7 +4,8 @@
     plot_run(metrics, evaluations, evaluation_metrics, run_dir / "reward.png")
 
 Left: the mean training reward per iteration. Middle (multi-reward runs only): each reward's raw mean, one curve
-each (their scales differ). Right: the task's declared evaluation metrics (``task.evaluation_metrics``, e.g. the
+each (their scales differ), with its held-out mean at each evaluation where the evaluation reports it
+(``reward/<name>``, e.g. a diffusers task's weighted reward). Right: the task's declared evaluation metrics (``task.evaluation_metrics``, e.g. the
 classifier's and the independent judge's accuracy) at each evaluation, held-out seeds, CFG-free.
 """
 
@@ -25,7 +26,11 @@ def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics:
     left.plot(steps, [m["reward_mean"] for m in metrics], marker=".")
     left.set(xlabel="iteration", ylabel="mean training reward", title="training reward")
     for key in parts:
-        each[0].plot(steps, [m[key] for m in metrics], label=key[len("reward_"):-len("_mean")])
+        name = key[len("reward_"):-len("_mean")]
+        [line] = each[0].plot(steps, [m[key] for m in metrics], label=name)
+        held_out = [(e["iteration"], e[f"reward/{name}"]) for e in evaluations if f"reward/{name}" in e]
+        if held_out:
+            each[0].plot(*zip(*held_out), marker="o", color=line.get_color(), label=f"{name}, held out")
     if parts:
         each[0].legend()
         each[0].set(xlabel="iteration", ylabel="mean raw score", title="each reward")

@@ -54,6 +54,15 @@ def test_run_figure_plots_the_declared_evaluation_metrics():
     assert [line.get_label() for line in each.get_lines()] == ["digit", "thickness"]
     assert [line.get_ydata().tolist() for line in right.get_lines()] == [[0.3, 0.7]]
 
+    # Evaluations that report each reward (reward/<name>) add its held-out points, in its training curve's colour.
+    scored = [{**e, "reward/digit": 0.6 + e["iteration"] / 10} for e in evaluations]
+    _, each, _ = run_figure(multi, scored, {"reward_mean": "mean reward"}).axes
+    lines = {line.get_label(): line for line in each.get_lines()}
+    assert list(lines) == ["digit", "digit, held out", "thickness"]
+    held_out = lines["digit, held out"]
+    assert held_out.get_xdata().tolist() == [0, 3] and held_out.get_ydata().tolist() == pytest.approx([0.6, 0.9])
+    assert held_out.get_color() == lines["digit"].get_color() != lines["thickness"].get_color()
+
 
 def test_a_run_titles_its_grids_with_the_iteration_and_labels_rows_with_prompts(tiny_config, tmp_path, monkeypatch):
     import integrations.testbed.tasks as testbed_tasks
