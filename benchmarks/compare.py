@@ -23,8 +23,8 @@ time to target is read off the training-reward curve smoothed over ``SMOOTHING``
 steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
 Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
 cores are compared; the other official settings are on (``--preset official``, README "Fidelity"). Run again
-with the same ``DIR``, an interrupted comparison continues: finished runs are read back, a cut one resumes from its
-newest checkpoint (:func:`start_or_resume`).
+with the same ``DIR``, an interrupted comparison continues: finished runs are read back from their tables (no
+checkpoint needed), a cut one resumes from its newest checkpoint (:func:`start_or_resume`).
 
 Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls default to
 ``DEFAULT_STEP_CONTROLS``).
@@ -218,15 +218,37 @@ def _check_variants(variants) -> None:
         raise ValueError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")
 
 
-def start_or_resume(config, run_dir: Path) -> Trainer:
-    """A new run of ``config`` in ``run_dir``, or the run already there continued (a finished one as it is), so that
-    an interrupted comparison picks up where it stopped. A run of another config there is refused."""
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that reached its last iteration, read back from its tables: all a comparison uses of it."""
+
+    metrics: list[dict]
+    evaluations: list[dict]
+
+
+def finished_run(config, run_dir: Path) -> FinishedRun | None:
+    """The run of ``config`` in ``run_dir`` read back from ``metrics.csv`` and ``eval.jsonl`` if it is finished
+    (every iteration's row and the last iteration's evaluation written), else None. Needs no checkpoint, so a
+    comparison copied without its checkpoints (as results/ keeps them) is summarised or continued as it is."""
+    run = RunDir(run_dir)
+    metrics, evaluations = run.read_rows("metrics.csv"), run.read_jsonl("eval.jsonl")
+    if [row["iteration"] for row in metrics] != list(range(config.iterations)):
+        return None
+    if not evaluations or evaluations[-1]["iteration"] != config.iterations:
+        return None
+    return FinishedRun(metrics, evaluations)
+
+
+def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
+    """A new run of ``config`` in ``run_dir``; or the run already there: read back if finished
+    (:func:`finished_run`), else continued from its newest checkpoint, so that an interrupted comparison picks
+    up where it stopped. A run of another config there is refused."""
     if not (run_dir / "config.json").exists():
         return Trainer(config, run_dir, progress=False)
     if RunDir(run_dir).train_config().to_json() != config.to_json():
         raise ValueError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
                          f"another --out.")
-    return Trainer.resume(run_dir, progress=False)
+    return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)
 
 
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
@@ -245,13 +267,14 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         for control in VARIANTS[variant].step_controls:
             build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
 
-    def train(variant: str, seed: int, lr: float, control: str) -> Trainer:
+    def train(variant: str, seed: int, lr: float, control: str) -> Trainer | FinishedRun:
         config = build(variant, task, seed, lr, control, extra, pipeline)
-        trainer = start_or_resume(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}")
-        trainer.train()
+        run = start_or_resume(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}")
+        if isinstance(run, Trainer):
+            run.train()
         print(f"{variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
-              f"{statistics.mean(m['reward_mean'] for m in trainer.metrics[-SMOOTHING:]):.3f}", flush=True)
-        return trainer
+              f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f}", flush=True)
+        return run
 
     tuning = {variant: {(control, lr): train(variant, TUNING_SEED, lr, control)
                         for control in VARIANTS[variant].step_controls for lr in learning_rates}

@@ -47,6 +47,22 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
+    # ... also without checkpoints, as results/ keeps a comparison: finished runs are read back from their tables.
+    for name in runs:
+        for checkpoint in RunDir(tmp_path / "runs" / name).checkpoint_paths():
+            checkpoint.unlink()
+    run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny, iterations=3)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
+    # A run cut before its last evaluation was written is not finished (it would resume from its checkpoint).
+    from benchmarks.compare import finished_run
+
+    cut = tmp_path / "runs" / runs[0]
+    config = RunDir(cut).train_config()
+    assert finished_run(config, cut).metrics == RunDir(cut).read_rows("metrics.csv")
+    (cut / "eval.jsonl").write_text("".join((cut / "eval.jsonl").read_text().splitlines(keepends=True)[:-1]))
+    assert finished_run(config, cut) is None
     with pytest.raises(ValueError, match="holds a run of another setting"):
         run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
                     learning_rates=(1e-3,), overrides=[*tiny, "eval.per_prompt=3"], iterations=3)
