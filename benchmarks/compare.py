@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from algorithms.cli import build_config
+from algorithms.costs import ITERATION_PHASES
 from algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS
 from algorithms.run_dir import RunDir, atomic_write_text, pyplot, save_figure
 from algorithms.trainer import Trainer
@@ -157,8 +158,14 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float) -
         "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
         "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
     }
+    # Where the time goes: mean seconds per iteration of each phase.
+    out.update({f"mean_{phase}": statistics.mean(m[phase] for m in metrics) for phase in ITERATION_PHASES})
     # The ratio diagnostics, averaged over iterations, for the losses that have a ratio.
     out.update({key: statistics.mean(m[key] for m in metrics) for key in DIAGNOSTICS if key in metrics[0]})
+    # The evaluation's breakdowns (``geneval/<category>``, ``judge_geneval/<category>``, ``reward/<name>``), base
+    # and final.
+    for key in sorted(k for k in final if "/" in k):
+        out[f"base_{key}"], out[f"final_{key}"] = evaluations[0][key], final[key]
     return out
 
 
@@ -341,7 +348,34 @@ def markdown_table(summary: dict) -> str:
                 interval = "" if r["interval"] is None else f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]"
                 cells.append(("—" if r["ratio"] is None else f"{r['ratio']:.2f}") + interval)
             lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    lines += _phase_table(summary["algorithms"]) + _breakdown_table(summary["algorithms"])
     return "\n".join(lines) + "\n"
+
+
+def _phase_table(algorithms: dict) -> list[str]:
+    phases = [phase for phase in ITERATION_PHASES if f"mean_{phase}" in next(iter(algorithms.values()))]
+    if not phases:  # a summary written before the phases were recorded
+        return []
+    lines = ["", "Where the time goes: mean seconds per iteration of each phase (share of the iteration):", "",
+             "| algorithm | " + " | ".join(phase.removesuffix("_s") for phase in phases) + " |", "|---" * (len(phases) + 1) + "|"]
+    for algo, row in algorithms.items():
+        total = row["mean_iteration_s"]
+        lines.append(f"| {algo} | " + " | ".join(f"{row[f'mean_{p}']:.2f} ({100 * row[f'mean_{p}'] / total:.0f}%)"
+                                                 for p in phases) + " |")
+    return lines
+
+
+def _breakdown_table(algorithms: dict) -> list[str]:
+    keys = sorted({key.removeprefix("final_") for row in algorithms.values() for key in row
+                   if key.startswith("final_") and "/" in key and not key.endswith("_std")})
+    if not keys:
+        return []
+    lines = ["", "The held-out evaluation by part, base -> final (means over seeds):", "",
+             "| part | " + " | ".join(algorithms) + " |", "|---" * (len(algorithms) + 1) + "|"]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(f"{_cell(row.get(f'base_{key}'))} -> {_cell(row.get(f'final_{key}'))}"
+                                                for row in algorithms.values()) + " |")
+    return lines
 
 
 def plot_curves(curves: dict, x_key: str, label: str, target: float, path: Path) -> None:

@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 
 from algorithms.cli import build_config
+from algorithms.costs import ITERATION_PHASES
 from algorithms.run_dir import atomic_write_text
 from algorithms.trainer import Trainer
 
 ITERATIONS = 4
-PHASES = ("rollout_s", "reward_s", "prepare_s", "update_s", "iteration_s")
 QUIET_EVAL = ["eval.per_prompt=1", "eval.num_steps=2", "eval.every=0"]
 
 
@@ -33,7 +33,7 @@ def measure(algo: str, overrides: list[str]) -> dict:
         trainer = Trainer(config, Path(tmp) / "run", progress=False)
         trainer.train()
     rows = trainer.metrics[1:]
-    out = {phase: statistics.median(row[phase] for row in rows) for phase in PHASES}
+    out = {phase: statistics.median(row[phase] for row in rows) for phase in ITERATION_PHASES}
     out.update({key: rows[-1][key] for key in ("nfe_rollout", "nfe_prepare", "nfe_update", "nfe_per_sample")})
     out["cpu_s_per_iteration"] = (rows[-1]["train_cpu_s"] - trainer.metrics[0]["train_cpu_s"]) / len(rows)
     return out

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from algorithms.cli import build_config
+from algorithms.costs import ITERATION_PHASES
 from algorithms.run_dir import atomic_write_text
 from algorithms.trainer import Trainer
 from integrations.distributed import shutdown
@@ -36,7 +37,6 @@ from integrations.testbed.checkpoints import CHECKPOINT_DIR
 from integrations.testbed.tasks import Task, get_task
 
 WARMUP = 1
-PHASES = ("rollout_s", "reward_s", "prepare_s", "update_s", "iteration_s")
 
 
 def _random_policy(self: Task) -> torch.nn.Module:
@@ -66,10 +66,10 @@ def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, out
         rows = [trainer.step() for _ in range(WARMUP + args.iterations)][WARMUP:]
         del trainer  # its DDP wrapper must go before the process group (see distributed.shutdown)
     # The slowest process sets the pace: report the max over processes of each phase's median.
-    medians = torch.tensor([statistics.median(row[phase] for row in rows) for phase in PHASES], dtype=torch.float64)
+    medians = torch.tensor([statistics.median(row[phase] for row in rows) for phase in ITERATION_PHASES], dtype=torch.float64)
     dist.all_reduce(medians, dist.ReduceOp.MAX)
     if rank == 0:
-        Path(out).write_text(json.dumps(dict(zip(PHASES, medians.tolist()))))
+        Path(out).write_text(json.dumps(dict(zip(ITERATION_PHASES, medians.tolist()))))
     shutdown()
 
 

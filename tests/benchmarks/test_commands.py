@@ -38,6 +38,10 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
         assert row["step_control"] in protocol["step_controls"][name]
         assert f"{name}_{row['step_control']}_lr0.001_seed1" in runs
     assert "clip_fraction" in summary["per_seed"]["vgrpo"][0] and "approx_kl_sq" in summary["per_seed"]["vgrpo"][0]
+    for run in summary["per_seed"]["vgrpo"]:  # the phases split the iteration
+        phases = sum(run[f"mean_{phase}_s"] for phase in ("rollout", "reward", "prepare", "update"))
+        assert phases == pytest.approx(run["mean_iteration_s"], rel=1e-9) and run["mean_rollout_s"] > 0
+    assert "Where the time goes" in (tmp_path / "summary.md").read_text()
     assert set(summary["ratios_vs_vgrpo"]) == {"diffusion_nft"}
     for name in ("summary.md", "reward_vs_train_seconds.png", "reward_vs_nfe_cumulative.png", "reward_vs_grad_steps.png"):
         assert (tmp_path / name).stat().st_size > 0

@@ -146,3 +146,27 @@ def test_every_variant_builds_every_step_control_with_an_equal_budget():
         two = build(name, "digit", 0, 1e-4, "two_epochs", [])
         assert (one.optim.epochs, one.optim.minibatches, two.optim.epochs) == (1, 1, 2)
         assert one.algo == variant.algo
+
+
+def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
+    from benchmarks.compare import _aggregate, markdown_table, summarise_run
+
+    phases = {"rollout_s": 2.0, "reward_s": 0.5, "prepare_s": 0.5, "update_s": 1.0, "iteration_s": 4.0}
+    metrics = [{"reward_mean": 0.1 * i, "train_seconds": 4.0 * (i + 1), "train_cpu_s": 8.0 * (i + 1),
+                "nfe_cumulative": 10 * (i + 1), "grad_steps": i + 1, "nfe_per_sample": 10,
+                **{phase: (i + 1) * seconds for phase, seconds in phases.items()}} for i in range(3)]
+
+    def evaluation(iteration, counting, judged):
+        return {"iteration": iteration, "reward_mean": 0.3, "accuracy": 0.2, "geneval/counting": counting,
+                "judge_geneval/counting": judged}
+
+    runs = [summarise_run(metrics, [evaluation(0, 0.1, 0.2), evaluation(3, final, 0.4)], 0.15) for final in (0.5, 0.7)]
+    assert runs[0]["mean_rollout_s"] == 4.0 and runs[0]["mean_iteration_s"] == 8.0  # (2 + 4 + 6) / 3, (4 + 8 + 12) / 3
+    assert (runs[0]["base_geneval/counting"], runs[0]["final_geneval/counting"]) == (0.1, 0.5)
+    row = _aggregate(runs) | {"step_control": "one_step", "lr": 1e-3}
+    assert row["final_geneval/counting"] == pytest.approx(0.6)
+    protocol = {"tuning_seed": 100, "target": 0.15, "rule": "a rule", "base": 0.0, "ceiling": 0.2}
+    text = markdown_table({"protocol": protocol, "task": "geneval", "seeds": 2, "algorithms": {"vgrpo": row},
+                           "ratios_vs_vgrpo": {}}).splitlines()
+    assert "| vgrpo | 4.00 (50%) | 1.00 (12%) | 1.00 (12%) | 2.00 (25%) | 8.00 (100%) |" in text
+    assert "| geneval/counting | 0.1 -> 0.6 |" in text and "| judge_geneval/counting | 0.2 -> 0.4 |" in text

@@ -1,0 +1,33 @@
+"""Does evaluating an EMA of the weights (decay 0.9 every gradient step, DiffusionNFT's official setting, which its
+reported runs here use) change V-GRPO's held-out numbers? V-GRPO's chosen setting and reported seeds, with only
+``optim.ema_decay=0.9`` added; prints the final evaluation of each seed beside the comparison's run without EMA.
+
+    python results/compare-mnist-sd3-ocr/ema_check.py OUT > results/compare-mnist-sd3-ocr/ema_check.txt
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from algorithms.trainer import Trainer
+from benchmarks.compare import build, start_or_resume
+
+HERE, OUT = Path(__file__).parent, Path(sys.argv[1])
+protocol = json.loads((HERE / "protocol.json").read_text())
+chosen = protocol["chosen"]["vgrpo"]
+KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
+finals = {"without EMA": [], "EMA 0.9": []}
+for seed in protocol["reported_seeds"]:
+    name = f"vgrpo_{chosen['step_control']}_lr{chosen['lr']:g}_seed{seed}"
+    finals["without EMA"].append(json.loads((HERE / "runs" / name / "eval.jsonl").read_text().splitlines()[-1]))
+    config = build("vgrpo", protocol["task"], seed, chosen["lr"], chosen["step_control"],
+                   [*protocol["budget"], *protocol["overrides"], "optim.ema_decay=0.9", "optim.ema_every=1"], protocol["pipeline"])
+    run = start_or_resume(config, OUT / f"{name}_ema0.9")
+    if isinstance(run, Trainer):
+        run.train()
+    finals["EMA 0.9"].append(run.evaluations[-1])
+print("V-GRPO (" + f"{chosen['step_control']}, lr {chosen['lr']:g}" + "), final held-out evaluation, mean over seeds "
+      f"{protocol['reported_seeds']} (per seed in brackets)")
+for label, rows in finals.items():
+    print(f"{label:<12} " + "  ".join(f"{k} {statistics.mean(r[k] for r in rows):.3f} "
+                                      f"[{', '.join(f'{r[k]:.3f}' for r in rows)}]" for k in KEYS))
