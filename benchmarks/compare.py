@@ -32,10 +32,12 @@ Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,13 +276,18 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         for control in VARIANTS[variant].step_controls:
             build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
 
+    total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) + seeds)
+    counter = itertools.count(1)
+
     def train(variant: str, seed: int, lr: float, control: str) -> Trainer | FinishedRun:
         config = build(variant, task, seed, lr, control, extra, pipeline)
+        start = time.monotonic()
         run = start_or_resume(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}")
         if isinstance(run, Trainer):
             run.train()
-        print(f"{variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
-              f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f}", flush=True)
+        how = "read back" if isinstance(run, FinishedRun) else f"{(time.monotonic() - start) / 60:.1f} min"
+        print(f"[{next(counter)}/{total}] {variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
+              f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
         return run
 
     tuning = {variant: {(control, lr): train(variant, TUNING_SEED, lr, control)

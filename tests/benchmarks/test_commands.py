@@ -11,7 +11,7 @@ SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_r
                 "seconds_per_iteration", "judge_gap", "diversity"}
 
 
-def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path):
+def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path, capsys):
     """Tuning on the tuning seed only, the target from the rule fixed before the reported runs, the chosen
     setting per algorithm, ratios against V-GRPO with intervals."""
     from benchmarks.compare import TUNING_SEED, target_rule
@@ -19,6 +19,10 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
     run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
+    # Progress: one line per run, counted against every run of the protocol (2 x 3 tuning + 2 x 2 reported).
+    lines = [line for line in capsys.readouterr().out.splitlines() if "final reward" in line]
+    assert [line.split()[0] for line in lines] == [f"[{k}/10]" for k in range(1, 11)]
+    assert all(line.endswith(" min)") for line in lines)
     summary = json.loads((tmp_path / "summary.json").read_text())
     protocol = json.loads((tmp_path / "protocol.json").read_text())
     assert summary["protocol"] == protocol and summary["target_reward"] == protocol["target"]
@@ -51,6 +55,7 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
+    assert capsys.readouterr().out.count("(read back)") == 10
     # ... also without checkpoints, as results/ keeps a comparison: finished runs are read back from their tables.
     for name in runs:
         for checkpoint in RunDir(tmp_path / "runs" / name).checkpoint_paths():
