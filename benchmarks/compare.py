@@ -119,6 +119,11 @@ def build(variant: str, task: str, seed: int, lr: float, control: str, overrides
     return build_config(v.algo, task, variant_preset(variant, pipeline), extra)
 
 
+def run_name(variant: str, control: str, lr: float, seed: int) -> str:
+    """The folder under ``DIR/runs`` of one run of the comparison."""
+    return f"{variant}_{control}_lr{lr:g}_seed{seed}"
+
+
 def smoothed(metrics: list[dict]) -> list[float]:
     """Training reward averaged over the last ``SMOOTHING`` iterations, per iteration."""
     rewards = [m["reward_mean"] for m in metrics]
@@ -282,7 +287,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     def train(variant: str, seed: int, lr: float, control: str) -> Trainer | FinishedRun:
         config = build(variant, task, seed, lr, control, extra, pipeline)
         start = time.monotonic()
-        run = start_or_resume(config, out / "runs" / f"{variant}_{control}_lr{lr:g}_seed{seed}")
+        run = start_or_resume(config, out / "runs" / run_name(variant, control, lr, seed))
         if isinstance(run, Trainer):
             run.train()
         how = "read back" if isinstance(run, FinishedRun) else f"{(time.monotonic() - start) / 60:.1f} min"
@@ -360,15 +365,13 @@ def markdown_table(summary: dict) -> str:
 
 
 def _phase_table(algorithms: dict) -> list[str]:
-    phases = [phase for phase in ITERATION_PHASES if f"mean_{phase}" in next(iter(algorithms.values()))]
-    if not phases:  # a summary written before the phases were recorded
-        return []
     lines = ["", "Where the time goes: mean seconds per iteration of each phase (share of the iteration):", "",
-             "| algorithm | " + " | ".join(phase.removesuffix("_s") for phase in phases) + " |", "|---" * (len(phases) + 1) + "|"]
+             "| algorithm | " + " | ".join(phase.removesuffix("_s") for phase in ITERATION_PHASES) + " |",
+             "|---" * (len(ITERATION_PHASES) + 1) + "|"]
     for algo, row in algorithms.items():
         total = row["mean_iteration_s"]
         lines.append(f"| {algo} | " + " | ".join(f"{row[f'mean_{p}']:.2f} ({100 * row[f'mean_{p}'] / total:.0f}%)"
-                                                 for p in phases) + " |")
+                                                 for p in ITERATION_PHASES) + " |")
     return lines
 
 

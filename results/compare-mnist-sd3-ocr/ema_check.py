@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from algorithms.trainer import Trainer
-from benchmarks.compare import build, start_or_resume
+from benchmarks.compare import build, run_name, start_or_resume
 
 HERE, OUT = Path(__file__).parent, Path(sys.argv[1])
 protocol = json.loads((HERE / "protocol.json").read_text())
@@ -18,7 +18,7 @@ chosen = protocol["chosen"]["vgrpo"]
 KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
 finals = {"without EMA": [], "EMA 0.9": []}
 for seed in protocol["reported_seeds"]:
-    name = f"vgrpo_{chosen['step_control']}_lr{chosen['lr']:g}_seed{seed}"
+    name = run_name("vgrpo", chosen["step_control"], chosen["lr"], seed)
     finals["without EMA"].append(json.loads((HERE / "runs" / name / "eval.jsonl").read_text().splitlines()[-1]))
     config = build("vgrpo", protocol["task"], seed, chosen["lr"], chosen["step_control"],
                    [*protocol["budget"], *protocol["overrides"], "optim.ema_decay=0.9", "optim.ema_every=1"], protocol["pipeline"])

@@ -34,7 +34,6 @@ from tests.same_steps import assert_same_changes, train_with_sgd
 # 20 minutes, and rank 0 alone writes files (fsyncs, plots) while the other ranks wait at the next collective.
 TIMEOUT_S = 1500
 METRICS_RTOL, METRICS_ATOL = 1e-4, 1e-6
-EXACT_ALGOS = ("vgrpo", "diffusion_nft")
 TINY = [
     "task=digits8", "iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4",
     "eval.per_prompt=2", "eval.num_steps=4", "eval.every=0",
