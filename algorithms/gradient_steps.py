@@ -27,9 +27,13 @@ from vgrpo_lib.control import exceeds_kl
 
 
 def global_means(outputs: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The mean over steps of each logged value, combined over processes (identical on every rank)."""
+    """The mean over steps of each logged value, combined over processes (identical on every rank).
+
+    Values may sit on two devices (a GPU policy's ``grad_norm`` beside losses computed on the trainer's CPU
+    batches): all are gathered on the first value's device, the losses' (the ``.tolist()`` syncs anyway)."""
     keys = list(outputs[0])
-    steps = torch.stack([torch.stack([o[key].float() for key in keys]) for o in outputs])  # [steps, keys]
+    device = outputs[0][keys[0]].device
+    steps = torch.stack([torch.stack([o[key].float().to(device) for key in keys]) for o in outputs])  # [steps, keys]
     return dict(zip(keys, all_reduce_metrics(steps, keys).mean(0).tolist()))
 
 

@@ -11,8 +11,9 @@
 # OUT_DIR/mnist_sd3_vgrpo/   the run directory of `vgrpo train --preset mnist-sd3 --algo vgrpo` (config.json,
 #                            metrics.csv with seconds per iteration and the per-phase split, eval.jsonl)
 # OUT_DIR/commands.txt       the exact commands, for results/README.md
-# Extra arguments after OUT_DIR go to the training run as key=value overrides.
-set -euo pipefail
+# Extra arguments after OUT_DIR go to the training run as key=value overrides. The timing and the training run
+# are independent evidence: a failure of one does not stop the other; the script fails if either did.
+set -uo pipefail
 
 mode=cuda
 if [[ "${1:-}" == "--cpu" ]]; then
@@ -21,7 +22,7 @@ if [[ "${1:-}" == "--cpu" ]]; then
 fi
 out=${1:-results/gpu_run}
 shift || true
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -36,7 +37,7 @@ else
          "$@")
 fi
 
-python - "$mode" > "$out/environment.json" <<'EOF'
+python - "$mode" > "$out/environment.json" <<'EOF' || exit 1
 import json, platform, sys
 import torch
 cuda = torch.cuda.is_available()
@@ -49,5 +50,8 @@ EOF
 
 printf '%s\n' "${timing[*]}" "${train[*]}" > "$out/commands.txt"
 "${timing[@]}" | tee "$out/gpu_timing.txt"
+timing_status=$?
 "${train[@]}"
-echo "gpu_run.sh: outputs in $out"
+train_status=$?
+echo "gpu_run.sh: outputs in $out (timing exit status $timing_status, training $train_status)"
+[[ $timing_status == 0 && $train_status == 0 ]]

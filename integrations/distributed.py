@@ -204,8 +204,8 @@ def all_reduce_metrics(values: torch.Tensor, names: Sequence[str]) -> torch.Tens
     dist.all_reduce(low, dist.ReduceOp.MIN)
     dist.all_reduce(high, dist.ReduceOp.MAX)
     dist.all_reduce(total)
-    is_min = torch.tensor([metric_extreme(name) == "min" for name in names])
-    is_max = torch.tensor([metric_extreme(name) == "max" for name in names])
+    is_min = torch.tensor([metric_extreme(name) == "min" for name in names], device=values.device)
+    is_max = torch.tensor([metric_extreme(name) == "max" for name in names], device=values.device)
     return torch.where(is_min, low, torch.where(is_max, high, total / world_size()))
 
 

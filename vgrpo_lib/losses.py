@@ -71,12 +71,16 @@ class _PolicyLoss(LossModule):
         """These losses have no value estimator: nothing to forward."""
 
     def _get(self, batch: TensorDictBase, name: str, what: str):
-        """Batch entry ``name`` (errors name it: a missing key, or a device other than the model's)."""
+        """Batch entry ``name`` (errors name it: a missing key, or a device other than the model's, unless the
+        model declares ``moves_inputs = True``: it moves its inputs to its own device and its output back, as the
+        diffusers ``LoRAPolicy`` does for a trainer whose batches stay on the CPU)."""
         key = getattr(self.tensor_keys, name)
         check_key(batch, key, what)
         value = batch.get(key)
+        moves_inputs = getattr(self.model, "moves_inputs", False)
         weight = next(self.model.parameters(), None) if isinstance(self.model, torch.nn.Module) else None
-        if weight is not None and getattr(value, "device", None) is not None and value.device != weight.device:
+        if (weight is not None and not moves_inputs and getattr(value, "device", None) is not None
+                and value.device != weight.device):
             raise ValueError(f"{key} ({what}) is on {value.device} but the model is on {weight.device}; move the batch "
                              f"to the model's device.")
         return value

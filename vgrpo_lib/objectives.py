@@ -14,10 +14,14 @@ from vgrpo_lib.weighting import mean_over_data
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def clip_sides(clip_range) -> tuple:
+def clip_sides(clip_range, device: torch.device | None = None) -> tuple:
     """``(low, high)`` of a clip range: a float ``eps`` (symmetric), a ``(low, high)`` pair, or a tensor ``[2]``
-    (a loss module's buffer; indexed, never read back to the host: no device sync)."""
+    (a loss module's buffer; indexed, never read back to the host: no device sync). With ``device``, a tensor
+    range is first copied there (asynchronously): ``torch.clamp`` takes tensor bounds only on its input's device,
+    and a loss module's buffers stay on the CPU when the module was built around a model already on a GPU."""
     if isinstance(clip_range, torch.Tensor) and clip_range.ndim == 1:
+        if device is not None:
+            clip_range = clip_range.to(device, non_blocking=True)
         return clip_range[0], clip_range[1]
     if isinstance(clip_range, (tuple, list)):
         return clip_range[0], clip_range[1]
@@ -38,7 +42,7 @@ def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, cl
 
     With ``log_ratio == 0`` the value is ``-A`` and the gradient ``-A * grad log_ratio`` (REINFORCE).
     """
-    low, high = clip_sides(clip_range)
+    low, high = clip_sides(clip_range, log_ratio.device)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     return -torch.minimum(ratio * advantage, clipped * advantage)

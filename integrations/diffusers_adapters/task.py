@@ -77,6 +77,8 @@ class LoRAPolicy(nn.Module):
         velocity: an ``SD3Velocity`` / ``FluxVelocity`` whose transformer already has the LoRA adapter.
     """
 
+    moves_inputs = True  # the losses accept its batches on any device (the trainer's stay on the CPU)
+
     def __init__(self, velocity: FlowTransformerAdapter):
         super().__init__()
         self.velocity = velocity

@@ -59,6 +59,23 @@ def test_clipped_objective_asymmetric_and_gradient_zero_where_clipped():
     assert clip_fraction_active(log_ratio, adv, pair).item() == 0.5 and clip_fraction(log_ratio, pair).item() == 0.5
 
 
+# Every device this machine has: the CPU here and in CI; CUDA too on a GPU machine (benchmarks/gpu_run.sh's device
+# command runs this file there), where a CPU clip-range buffer beside CUDA ratios once failed inside torch.clamp.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_clip_range_buffer_on_the_cpu_clips_ratios_on_any_device(device):
+    """A loss module built around a model already on a GPU keeps its clip-range buffer on the CPU; the objective
+    still clips on the ratios' device, with the same values as the float range."""
+    log_ratio = torch.log(torch.tensor([1.25, 1.35, 0.85, 0.95], device=device))
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], device=device)
+    loss = clipped_ratio_objective(log_ratio, adv, torch.tensor([0.1, 0.3]))
+    assert loss.device == log_ratio.device
+    torch.testing.assert_close(loss.cpu(), torch.tensor([-1.25, -1.3, 0.9, 0.95]))
+    torch.testing.assert_close(loss, clipped_ratio_objective(log_ratio, adv, (0.1, 0.3)))
+
+
 @FAST
 @given(adv=st.lists(st.floats(-5, 5), min_size=1, max_size=8), eps=st.floats(1e-4, 0.3))
 def test_on_policy_value_and_reinforce_gradient(adv, eps):

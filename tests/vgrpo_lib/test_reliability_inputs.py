@@ -48,6 +48,30 @@ def test_a_batch_entry_on_another_device_is_named(losses_and_batches, algo, key)
         loss(moved)
 
 
+class _MovesInputs(torch.nn.Module):
+    """A model that declares ``moves_inputs`` (like the diffusers ``LoRAPolicy``, whose GPU transformer takes the
+    trainer's CPU batches): its first parameter is on another device (meta) than the batch it is given."""
+
+    moves_inputs = True
+
+    def __init__(self, inner):
+        super().__init__()
+        self.elsewhere = torch.nn.Parameter(torch.zeros((), device="meta"))
+        self.inner = inner
+
+    def forward(self, x_t, t, cond):
+        return self.inner(x_t, t, cond)
+
+
+@pytest.mark.parametrize("algo", ["vgrpo", "flow_grpo"])
+def test_a_model_that_moves_its_inputs_takes_a_batch_on_another_device(batches, algo):
+    model, est, vgrpo, flow, _ = batches
+    loss, batch = (VGRPOLoss(_MovesInputs(model), est), vgrpo.exclude("old_x_pred")) if algo == "vgrpo" else (
+        FlowGRPOLoss(_MovesInputs(model)), flow)
+    expected = (VGRPOLoss(model, est) if algo == "vgrpo" else FlowGRPOLoss(model))(batch)
+    torch.testing.assert_close(loss(batch)["loss_objective"], expected["loss_objective"])
+
+
 @pytest.mark.parametrize("algo", ["vgrpo", "flow_grpo", "diffusion_nft"])
 def test_a_model_on_another_device_than_the_batch_is_named(losses_and_batches, algo):
     model, losses = losses_and_batches
