@@ -10,6 +10,10 @@ One name per meaning across the three losses: ``behaviour_kl_coef`` weighs a KL 
 (``loss_ref_kl``, ``ref_kl``); ``clip_range`` is ``eps`` or ``(low, high)``; ``advantage_clip`` bounds the
 advantages. A KL term exists only if its coefficient was given (``None`` = off); it is then always computed, so
 that a schedule may start it at 0 and no Python branch on a tensor value forces a device sync.
+
+Devices: a batch must sit on the model's device (a clear error names the entry otherwise), unless the model
+declares ``moves_inputs = True``: it moves its inputs to its own device and returns its output on theirs (the
+diffusers ``LoRAPolicy`` does, so a trainer's CPU batches drive a GPU transformer).
 """
 
 from __future__ import annotations
