@@ -81,10 +81,9 @@ class _PolicyLoss(LossModule):
         key = getattr(self.tensor_keys, name)
         check_key(batch, key, what)
         value = batch.get(key)
-        moves_inputs = getattr(self.model, "moves_inputs", False)
-        weight = next(self.model.parameters(), None) if isinstance(self.model, torch.nn.Module) else None
-        if (weight is not None and not moves_inputs and getattr(value, "device", None) is not None
-                and value.device != weight.device):
+        checked = isinstance(self.model, torch.nn.Module) and not getattr(self.model, "moves_inputs", False)
+        weight = next(self.model.parameters(), None) if checked else None
+        if weight is not None and getattr(value, "device", None) is not None and value.device != weight.device:
             raise ValueError(f"{key} ({what}) is on {value.device} but the model is on {weight.device}; move the batch "
                              f"to the model's device.")
         return value

@@ -1,14 +1,15 @@
 """The mnist-sd3 V-GRPO main job on the H200 (mnist_sd3_vgrpo/) against the same job on 2 CPU cores
 (results/mnist-sd3/main-digit/): seconds per iteration by phase, the training-reward trajectories, the held-out
-evaluations. Run from the repository root: python results/gpu_run/cpu_vs_gpu.py > results/gpu_run/cpu_vs_gpu.txt"""
+evaluations. Run from the repository root: PYTHONPATH=. python results/gpu_run/cpu_vs_gpu.py > results/gpu_run/cpu_vs_gpu.txt"""
 
 import csv
 import json
 import statistics
 from pathlib import Path
 
+from algorithms.costs import ITERATION_PHASES
+
 RUNS = {"H200": Path("results/gpu_run/mnist_sd3_vgrpo"), "2 CPU cores": Path("results/mnist-sd3/main-digit")}
-PHASES = ("rollout_s", "reward_s", "prepare_s", "update_s", "iteration_s")
 
 
 def rows(run: Path) -> list[dict]:
@@ -18,7 +19,7 @@ def rows(run: Path) -> list[dict]:
 metrics = {name: rows(run) for name, run in RUNS.items()}
 print("median seconds per iteration (iterations 1-299; iteration 0 holds CUDA's start-up):")
 print(f"{'phase':<14}" + "".join(f"{name:>14}" for name in RUNS) + f"{'CPU / H200':>12}")
-for phase in PHASES:
+for phase in ITERATION_PHASES:
     medians = [statistics.median(float(r[phase]) for r in m[1:]) for m in metrics.values()]
     print(f"{phase:<14}" + "".join(f"{v:>14.3f}" for v in medians) + f"{medians[1] / medians[0]:>12.1f}")
 wall = {name: float(m[-1]["train_seconds"]) for name, m in metrics.items()}
