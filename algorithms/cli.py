@@ -9,6 +9,8 @@
     vgrpo eval --run RUN_DIR
     vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
                                                    safetensors, with a model card; see algorithms.export)
+    vgrpo compress PATH ...                       (gzip the tables of the runs in PATH, e.g. a finished comparison
+                                                   kept in results/; every command reads them back unchanged)
 
 An expected failure prints one line, ``vgrpo COMMAND: error: ...``, and exits with its own code (see
 :mod:`algorithms.errors`: 2 usage or configuration, 3 run directory (or export folder) refused, 4 damaged file, 5 disk full / read-only
@@ -33,7 +35,7 @@ from algorithms.errors import (
 from algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
 from algorithms.evaluation import evaluate_policy
 from algorithms.export import export_run, load_run_policy
-from algorithms.run_dir import atomic_write_bytes
+from algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
 from algorithms.tasks import load_task, task_names
 from integrations.task_registry import resolve_task_name
 from algorithms.trainer import RewardError, Trainer
@@ -126,6 +128,26 @@ def _export(args) -> int:
     return 0
 
 
+def run_folders(path: Path) -> list[Path]:
+    """The run directories at or under ``path`` (folders with a ``config.json`` and a table), sorted."""
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder.")
+    runs = sorted(c.parent for c in path.rglob("config.json")
+                  if any(t.exists() or compressed_path(t).exists() for t in (c.parent / name for name in TABLES)))
+    if not runs:
+        raise UsageError(f"{path} holds no run directory (a folder with config.json and metrics.csv).")
+    return runs
+
+
+def _compress(args) -> int:
+    for path in map(Path, args.paths):
+        runs = run_folders(path)
+        done = [entry for run in runs for entry in RunDir(run).compress_tables()]
+        before, after = sum(e[1] for e in done), sum(e[2] for e in done)
+        print(f"{path}: {len(done)} tables of {len(runs)} runs compressed, {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+    return 0
+
+
 EVALUATION_TABLE_KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
 
 
@@ -153,7 +175,7 @@ def task_choices() -> list[str]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The ``vgrpo`` argument parser: ``train``, ``sample``, ``eval`` and ``export``."""
+    """The ``vgrpo`` argument parser: ``train``, ``sample``, ``eval``, ``export`` and ``compress``."""
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -188,6 +210,11 @@ def make_parser() -> argparse.ArgumentParser:
     export.add_argument("--run", required=True)
     export.add_argument("--out", required=True, help="a new (or empty) folder")
     export.set_defaults(handler=_export)
+
+    compress = commands.add_parser("compress", help="gzip the tables of the runs in a folder (metrics.csv, eval.csv, "
+                                   "eval.jsonl -> NAME.gz), read back unchanged by every command")
+    compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's --out)")
+    compress.set_defaults(handler=_compress)
     return parser
 
 

@@ -5,6 +5,7 @@
     RUN_DIR/metrics.csv            one row per iteration (training metrics and costs)
     RUN_DIR/eval.csv               one row per evaluation (held-out seeds, CFG-free)
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
+    (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same)
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id
     RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see algorithms.run_logging)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import gzip
 import hashlib
 import io
 import json
@@ -31,6 +33,7 @@ import os
 import socket
 import uuid
 import warnings
+import zlib
 from pathlib import Path
 
 import torch
@@ -42,6 +45,8 @@ from integrations.figures import pyplot, save_figure
 
 __all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
 
+TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
+COMPRESSED_SUFFIX = ".gz"
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
 LOCK_NAME = ".lock"
@@ -59,15 +64,38 @@ def rows_to_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
-def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
-    """Rows of a metrics CSV with numbers parsed (empty cells dropped); every row must have a number in each
-    ``required`` column. A file that is not such a CSV raises :class:`DamagedFileError` naming it and the line."""
-    if not path.exists():
-        return []
+def compressed_path(path: Path) -> Path:
+    """Where :meth:`RunDir.compress_tables` keeps the table ``path``: ``NAME.gz`` beside it."""
+    return path.with_name(path.name + COMPRESSED_SUFFIX)
+
+
+def _read_table_text(path: Path, kind: str) -> tuple[Path, str] | None:
+    """The file a table ``path`` is read from (``path``, else its compressed copy) and its text; None when neither
+    exists. Bytes that are not such a file raise :class:`DamagedFileError` naming it (``kind``: e.g. "CSV file")."""
+    source = path if path.exists() else compressed_path(path)
+    if not source.exists():
+        return None
+    data = source.read_bytes()
     try:
-        with open(path, newline="") as handle:
-            rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle, strict=True)]
-    except (UnicodeDecodeError, csv.Error) as error:
+        if source != path:
+            data = gzip.decompress(data)
+        return source, data.decode()
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as error:
+        raise DamagedFileError(f"{source} is not a readable {kind} ({error}).") from error
+
+
+def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a metrics CSV (or of its compressed copy, :func:`compressed_path`) with numbers parsed (empty cells
+    dropped); every row must have a number in each ``required`` column. A file that is not such a CSV raises
+    :class:`DamagedFileError` naming it and the line."""
+    found = _read_table_text(path, "CSV file")
+    if found is None:
+        return []
+    path, text = found
+    try:
+        rows = [{k: _number(v) for k, v in row.items() if v != ""}
+                for row in csv.DictReader(io.StringIO(text, newline=""), strict=True)]
+    except csv.Error as error:
         raise DamagedFileError(f"{path} is not a readable CSV file ({error}).") from error
     for line, row in enumerate(rows, start=2):
         if None in row:
@@ -259,7 +287,7 @@ class RunDir:
 
     def write_rows(self, name: str, rows: list[dict]) -> None:
         """Write ``rows`` as the CSV file ``name`` atomically."""
-        atomic_write_text(self.root / name, rows_to_csv(rows))
+        self._write_table(name, rows_to_csv(rows))
 
     def read_rows(self, name: str) -> list[dict]:
         """The rows of a run table (each with a numeric ``iteration``)."""
@@ -267,19 +295,21 @@ class RunDir:
 
     def write_jsonl(self, name: str, records: list[dict]) -> None:
         """Write ``records`` as JSON lines to ``name`` atomically."""
-        atomic_write_text(self.root / name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        self._write_table(name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+    def _write_table(self, name: str, text: str) -> None:
+        """Write a table atomically; its compressed copy, if any, is out of date then and removed."""
+        atomic_write_text(self.root / name, text)
+        compressed_path(self.root / name).unlink(missing_ok=True)
 
     def read_jsonl(self, name: str) -> list[dict]:
         """The records of a JSON-lines table (each an object with a numeric ``iteration``)."""
-        path = self.root / name
-        if not path.exists():
+        found = _read_table_text(self.root / name, "text file")
+        if found is None:
             return []
-        try:
-            lines = path.read_text().splitlines()
-        except UnicodeDecodeError as error:
-            raise DamagedFileError(f"{path} is not a text file ({error}).") from error
+        path, text = found
         records = []
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -288,6 +318,31 @@ class RunDir:
                 raise DamagedFileError(f"{path} is damaged: line {number} is not a record with an integer iteration.")
             records.append(record)
         return records
+
+    def compress_tables(self) -> list[tuple[Path, int, int]]:
+        """Replace the run's tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that every reader here reads back
+        unchanged, to keep finished runs (as results/ does) at about a third of the size. Each copy is written
+        atomically, keeps the table's modification time and is checked against its bytes before the table is
+        removed; a run in use by a live
+        process is refused (under its lock); a table written again later (a resumed run) replaces its copy.
+        Returns (compressed file, bytes before, bytes after) for each table compressed."""
+        self.lock()
+        try:
+            done = []
+            for name in TABLES:
+                path = self.root / name
+                if not path.exists():
+                    continue
+                data, written = path.read_bytes(), path.stat()
+                target = atomic_write_bytes(compressed_path(path), gzip.compress(data, compresslevel=9, mtime=0))
+                if gzip.decompress(target.read_bytes()) != data:
+                    raise RunDirError(f"{target} does not read back as {path}; {path} is kept.")
+                os.utime(target, ns=(written.st_atime_ns, written.st_mtime_ns))  # when the run wrote it
+                path.unlink()
+                done.append((target, len(data), target.stat().st_size))
+            return done
+        finally:
+            self.unlock()
 
     # -- checkpoints -------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from algorithms.run_dir import RunDir
 from algorithms.trainer import Trainer
 from benchmarks.compare import build, run_name, start_or_resume
 
@@ -19,7 +20,7 @@ KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
 finals = {"without EMA": [], "EMA 0.9": []}
 for seed in protocol["reported_seeds"]:
     name = run_name("vgrpo", chosen["step_control"], chosen["lr"], seed)
-    finals["without EMA"].append(json.loads((HERE / "runs" / name / "eval.jsonl").read_text().splitlines()[-1]))
+    finals["without EMA"].append(RunDir(HERE / "runs" / name).read_jsonl("eval.jsonl")[-1])
     config = build("vgrpo", protocol["task"], seed, chosen["lr"], chosen["step_control"],
                    [*protocol["budget"], *protocol["overrides"], "optim.ema_decay=0.9", "optim.ema_every=1"], protocol["pipeline"])
     run = start_or_resume(config, OUT / f"{name}_ema0.9")

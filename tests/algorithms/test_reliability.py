@@ -2,6 +2,7 @@
 run, resume exact in every random stream, divergence reported as such, and one line for every expected failure."""
 
 import errno
+import gzip
 import json
 import os
 import random
@@ -254,6 +255,55 @@ def test_the_base_column_is_not_the_trained_one_when_eval_jsonl_is_gone(tmp_path
     out = capsys.readouterr().out
     assert "reward_mean" in out and all(line.split()[1] == "n/a" for line in out.splitlines()[1:4]), out
     assert "no base evaluation" in out
+
+
+# -- compressed tables ---------------------------------------------------------------------------------------------
+
+
+def test_compressed_tables_read_back_unchanged_and_a_resumed_run_continues_them(tmp_path, capsys):
+    """`vgrpo compress` replaces a run's tables by gzip copies; every reader gets the same rows, and a run resumed
+    from there writes its tables afresh (the copies, now out of date, are removed): it ends as the uncut run."""
+    assert cli_main(_cli_train(tmp_path / "straight", "iterations=2")) == 0
+    assert cli_main(_cli_train(tmp_path / "run", "iterations=2", "checkpoint_every=1")) == 0
+    run = RunDir(tmp_path / "run")
+    tables = {name: (run.root / name).read_bytes() for name in ("metrics.csv", "eval.csv", "eval.jsonl")}
+    written = {name: (run.root / name).stat().st_mtime_ns for name in tables}
+    rows, records, evaluations = run.read_rows("metrics.csv"), run.read_jsonl("eval.jsonl"), read_csv(run.root / "eval.csv")
+    capsys.readouterr()
+    assert cli_main(["compress", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}: 6 tables of 2 runs compressed, ")
+    for name, data in tables.items():
+        assert not (run.root / name).exists() and gzip.decompress((run.root / f"{name}.gz").read_bytes()) == data
+        assert (run.root / f"{name}.gz").stat().st_mtime_ns == written[name]  # when the run wrote it
+    assert run.read_rows("metrics.csv") == rows and run.read_jsonl("eval.jsonl") == records
+    assert read_csv(run.root / "eval.csv") == evaluations
+    newest = run.checkpoint_paths()[-1]
+    newest.unlink()  # so that --resume has an iteration left to train
+    newest.with_suffix(".json").unlink()
+    assert cli_main(["train", "--out", str(run.root), "--resume"]) == 0
+    assert not list(run.root.glob("*.gz"))
+    assert _strip(read_csv(run.root / "metrics.csv")) == _strip(read_csv(tmp_path / "straight" / "metrics.csv"))
+
+
+def test_a_damaged_compressed_table_is_named_and_a_run_in_use_is_not_compressed(tmp_path, capsys):
+    assert cli_main(_cli_train(tmp_path / "run", "iterations=1")) == 0
+    run = RunDir(tmp_path / "run")
+    (run.root / "eval.jsonl").unlink()
+    (run.root / "eval.jsonl.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DamagedFileError, match=r"eval\.jsonl\.gz is not a readable text file"):
+        run.read_jsonl("eval.jsonl")
+    holder = RunDir(run.root)
+    holder.lock()
+    with pytest.raises(RunDirInUse, match="in use by another run"):
+        run.compress_tables()
+    holder.unlock()
+    assert (run.root / "metrics.csv").exists()  # untouched while refused
+    capsys.readouterr()
+    assert cli_main(["compress", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err == f"vgrpo compress: error: {tmp_path / 'nothing'} is not a folder.\n"
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["compress", str(tmp_path / "empty")]) == 2
+    assert "holds no run directory" in capsys.readouterr().err
 
 
 # -- atomic writes ---------------------------------------------------------------------------------------------

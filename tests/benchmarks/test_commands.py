@@ -64,14 +64,24 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
+    # Compressed as results/ keeps it (`vgrpo compress`), the comparison is read back the same, nothing retrained.
+    from algorithms.cli import main as cli_main
+
+    assert cli_main(["compress", str(tmp_path)]) == 0
+    assert f"{tmp_path}: 30 tables of 10 runs compressed" in capsys.readouterr().out
+    assert not list(tmp_path.glob("runs/*/*.csv")) and not list(tmp_path.glob("runs/*/*.jsonl"))
+    run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny, iterations=3)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert capsys.readouterr().out.count("(read back)") == 10 and not list(tmp_path.glob("runs/*/metrics.csv"))
     # A run cut before its last evaluation was written is not finished (it would resume from its checkpoint).
     from benchmarks.compare import finished_run
 
-    cut = tmp_path / "runs" / runs[0]
+    cut = tmp_path / "runs" / tuning[0]
     config = RunDir(cut).train_config()
-    assert finished_run(config, cut).metrics == RunDir(cut).read_rows("metrics.csv")
-    (cut / "eval.jsonl").write_text("".join((cut / "eval.jsonl").read_text().splitlines(keepends=True)[:-1]))
-    assert finished_run(config, cut) is None
+    assert finished_run(config, cut).metrics == RunDir(cut).read_rows("metrics.csv") == curves[0]
+    RunDir(cut).write_jsonl("eval.jsonl", RunDir(cut).read_jsonl("eval.jsonl")[:-1])  # replaces eval.jsonl.gz
+    assert not (cut / "eval.jsonl.gz").exists() and finished_run(config, cut) is None
     with pytest.raises(ValueError, match="holds a run of another setting"):
         run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
                     learning_rates=(1e-3,), overrides=[*tiny, "eval.per_prompt=3"], iterations=3)
