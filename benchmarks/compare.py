@@ -8,14 +8,19 @@ reward, group size and iteration budget, under a protocol that favours no algori
 2. **Target**, by a rule that depends on no algorithm's pilot, fixed after tuning and before any reported run:
    ``base + TARGET_FRACTION * (ceiling - base)``, where ``base`` is the mean first-iteration training reward of
    every tuning run (the base policy's) and ``ceiling`` the best smoothed training reward any tuning run reaches.
-   It is written to ``DIR/protocol.json`` before the reported runs start and stated in the summary.
+   It is written to ``DIR/protocol.json`` before the reported runs start and stated in the summary. Beside it,
+   the same rule on the held-out evaluation reward (``heldout``: base the iteration-0 evaluation, ceiling the best
+   evaluation of any tuning run): the training reward is scored on each algorithm's own rollout, and rollouts
+   that are SDEs or have SDE windows score differently from the ODE at the same weights, while the evaluation
+   is one sampler for all; its clock ticks once per evaluation.
 3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
    final reward).
 4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
    smoke tests and may use fewer).
 5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the
-   target (a seed that never reaches it counts as infinite), and, against ``REFERENCE`` (V-GRPO), the ratio of
-   medians with a bootstrap 90% interval (seeds resampled within each algorithm).
+   target (a seed that never reaches it counts as infinite), the same to the held-out target (``heldout_*``), and,
+   against ``REFERENCE`` (V-GRPO), the ratio of medians with a bootstrap 90% interval (seeds resampled within each
+   algorithm). Selection (3.) uses the training-reward target only.
 
 Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`algorithms.trainer`);
 time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes
@@ -56,6 +61,7 @@ REFERENCE = "vgrpo"
 BOOTSTRAP_RESAMPLES = 2000
 INTERVAL = 0.9
 DIAGNOSTICS = ("clip_fraction", "clip_fraction_active", "approx_kl_k3", "approx_kl_sq")
+RATIO_KEYS = ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "heldout_time_to_target_s", "heldout_nfe_to_target")
 
 # One step per rollout; two epochs (clipped where the algorithm clips its ratio); two minibatches per rollout.
 DEFAULT_STEP_CONTROLS = {
@@ -130,30 +136,55 @@ def smoothed(metrics: list[dict]) -> list[float]:
     return [statistics.mean(rewards[max(0, i - SMOOTHING + 1): i + 1]) for i in range(len(rewards))]
 
 
+def _rule(bases: list[float], ceilings: list[float], fraction: float, measured: str) -> dict:
+    base, ceiling = statistics.mean(bases), max(ceilings)
+    return {"base": base, "ceiling": ceiling, "fraction": fraction, "target": base + fraction * (ceiling - base),
+            "rule": f"base + {fraction} x (ceiling - base); {measured}"}
+
+
 def target_rule(tuning_curves: list[list[dict]], fraction: float = TARGET_FRACTION) -> dict:
     """``base + fraction * (ceiling - base)`` from the tuning runs of every algorithm (see the module doc)."""
-    base = statistics.mean(curve[0]["reward_mean"] for curve in tuning_curves)
-    ceiling = max(max(smoothed(curve)) for curve in tuning_curves)
-    return {"base": base, "ceiling": ceiling, "fraction": fraction, "target": base + fraction * (ceiling - base),
-            "rule": f"base + {fraction} x (ceiling - base); base: mean first-iteration training reward of every "
-                    f"tuning run; ceiling: best {SMOOTHING}-iteration smoothed training reward of any tuning run"}
+    return _rule([curve[0]["reward_mean"] for curve in tuning_curves], [max(smoothed(curve)) for curve in tuning_curves],
+                 fraction, f"base: mean first-iteration training reward of every tuning run; ceiling: best "
+                           f"{SMOOTHING}-iteration smoothed training reward of any tuning run")
+
+
+def heldout_target_rule(tuning_evaluations: list[list[dict]], fraction: float = TARGET_FRACTION) -> dict:
+    """The same rule on the held-out evaluation reward, which one sampler (CFG-free Euler ODE, the evaluation
+    seeds) scores for every algorithm, unlike the training reward, scored on each algorithm's own rollout."""
+    return _rule([runs[0]["reward_mean"] for runs in tuning_evaluations],
+                 [max(e["reward_mean"] for e in runs) for runs in tuning_evaluations], fraction,
+                 "base: mean iteration-0 held-out evaluation reward of every tuning run (the base policy's); "
+                 "ceiling: best held-out evaluation reward of any tuning run")
+
+
+TO_TARGET = {"time_to_target_s": "train_seconds", "cpu_time_to_target_s": "train_cpu_s",
+             "nfe_to_target": "nfe_cumulative", "steps_to_target": "grad_steps"}
+
+
+def _costs_at(row: dict | None, prefix: str = "") -> dict:
+    """Wall-clock and CPU seconds, NFE and gradient steps of the run at ``row`` (None for each when None)."""
+    return {prefix + key: None if row is None else row.get(column) for key, column in TO_TARGET.items()}
 
 
 def time_to_target(metrics: list[dict], target: float) -> dict:
     """First iteration whose smoothed training reward reaches ``target``: wall-clock and CPU seconds, NFE and
     gradient steps then (None where it never does)."""
-    for row, value in zip(metrics, smoothed(metrics)):
-        if value >= target:
-            return {"time_to_target_s": row["train_seconds"], "cpu_time_to_target_s": row.get("train_cpu_s"),
-                    "nfe_to_target": row["nfe_cumulative"], "steps_to_target": row["grad_steps"]}
-    return {"time_to_target_s": None, "cpu_time_to_target_s": None, "nfe_to_target": None, "steps_to_target": None}
+    return _costs_at(next((row for row, value in zip(metrics, smoothed(metrics)) if value >= target), None))
 
 
-def summarise_run(metrics: list[dict], evaluations: list[dict], target: float) -> dict:
+def heldout_time_to_target(evaluations: list[dict], target: float) -> dict:
+    """The same at the first evaluation after the base one (iteration 0) whose held-out reward reaches ``target``,
+    keys prefixed ``heldout_``. Its clock ticks once per evaluation (``eval.every`` iterations)."""
+    return _costs_at(next((e for e in evaluations[1:] if e["reward_mean"] >= target), None), "heldout_")
+
+
+def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, heldout_target: float) -> dict:
     final = evaluations[-1]
     tail = [m["reward_mean"] for m in metrics[-SMOOTHING:]]
     out = {
         **time_to_target(metrics, target),
+        **heldout_time_to_target(evaluations, heldout_target),
         "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
         "final_accuracy": final.get("accuracy"),
@@ -299,14 +330,16 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
                         for control in VARIANTS[variant].step_controls for lr in learning_rates}
               for variant in variants}
     target = target_rule([t.metrics for runs in tuning.values() for t in runs.values()])
+    heldout = heldout_target_rule([t.evaluations for runs in tuning.values() for t in runs.values()])
     chosen, sweep = {}, {}
     for variant, runs in tuning.items():
-        results = {key: summarise_run(t.metrics, t.evaluations, target["target"]) for key, t in runs.items()}
+        results = {key: summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"])
+                   for key, t in runs.items()}
         chosen[variant] = min(results, key=lambda key: _score(results[key]))
         sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
                 "overrides": list(overrides or []), "learning_rates": list(learning_rates),
-                "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target,
+                "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
     atomic_write_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
     print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
@@ -315,14 +348,14 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     for variant in variants:
         control, lr = chosen[variant]
         trainers = [train(variant, seed, lr, control) for seed in range(seeds)]
-        runs[variant] = [summarise_run(t.metrics, t.evaluations, target["target"]) for t in trainers]
+        runs[variant] = [summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"]) for t in trainers]
         curves[variant] = [t.metrics for t in trainers]
     ratios = {}
     if REFERENCE in runs:
         for variant in runs:
             if variant != REFERENCE:
                 ratios[variant] = {key: median_ratio_interval([r[key] for r in runs[REFERENCE]], [r[key] for r in runs[variant]])
-                                   for key in ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target")}
+                                   for key in RATIO_KEYS}
     summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
                "algorithms": {v: _aggregate(r) | protocol["chosen"][v] for v, r in runs.items()},
                "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
@@ -353,15 +386,33 @@ def markdown_table(summary: dict) -> str:
     if ratios:
         lines += ["", f"Ratio of {REFERENCE}'s median to each algorithm's, bootstrap {INTERVAL:.0%} interval:", "",
                   "| algorithm | time | CPU time | NFE |", "|---|---|---|---|"]
-        for algo, by_key in ratios.items():
-            cells = []
-            for key in ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target"):
-                r = by_key[key]
-                interval = "" if r["interval"] is None else f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]"
-                cells.append(("—" if r["ratio"] is None else f"{r['ratio']:.2f}") + interval)
-            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
-    lines += _phase_table(summary["algorithms"]) + _breakdown_table(summary["algorithms"])
+        lines += _ratio_rows(ratios, ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target"))
+    lines += _heldout_table(summary) + _phase_table(summary["algorithms"]) + _breakdown_table(summary["algorithms"])
     return "\n".join(lines) + "\n"
+
+
+def _ratio_cell(ratio: dict) -> str:
+    interval = "" if ratio["interval"] is None else f" [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
+    return ("—" if ratio["ratio"] is None else f"{ratio['ratio']:.2f}") + interval
+
+
+def _ratio_rows(ratios: dict, keys: tuple[str, ...]) -> list[str]:
+    return [f"| {algo} | " + " | ".join(_ratio_cell(by_key[key]) for key in keys) + " |" for algo, by_key in ratios.items()]
+
+
+def _heldout_table(summary: dict) -> list[str]:
+    heldout, ratios = summary["protocol"]["heldout"], summary[f"ratios_vs_{REFERENCE}"]
+    lines = ["", f"Held-out target {heldout['target']:.4f} = {heldout['rule']}: base {heldout['base']:.4f}, ceiling "
+             f"{heldout['ceiling']:.4f} (one sampler for every algorithm; a clock that ticks once per evaluation). "
+             f"Medians over seeds, and the ratio of {REFERENCE}'s median to each algorithm's:", "",
+             "| algorithm | reached | time (s) | NFE | ratio: time | ratio: NFE |", "|---|---|---|---|---|---|"]
+    for algo, row in summary["algorithms"].items():
+        cells = [row["heldout_time_to_target_s_reached"], _cell(row["heldout_time_to_target_s"]),
+                 _cell(row["heldout_nfe_to_target"])]
+        cells += [_ratio_cell(ratios[algo][key]) if algo in ratios else "—"
+                  for key in ("heldout_time_to_target_s", "heldout_nfe_to_target")]
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _phase_table(algorithms: dict) -> list[str]:

@@ -8,7 +8,7 @@ from benchmarks.compare import run_compare
 from benchmarks.estimator_lab import run_lab
 
 SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward", "final_accuracy",
-                "seconds_per_iteration", "judge_gap", "diversity"}
+                "seconds_per_iteration", "judge_gap", "diversity", "heldout_time_to_target_s", "heldout_nfe_to_target"}
 
 
 def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path, capsys):
@@ -36,6 +36,10 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     curves = [RunDir(tmp_path / "runs" / name).read_rows("metrics.csv") for name in tuning]
     assert protocol["target"] == pytest.approx(target_rule(curves)["target"])
     assert protocol["base"] <= protocol["target"] <= protocol["ceiling"]
+    from benchmarks.compare import heldout_target_rule
+
+    evaluations = [RunDir(tmp_path / "runs" / name).read_jsonl("eval.jsonl") for name in tuning]
+    assert protocol["heldout"] == heldout_target_rule(evaluations)
     assert set(summary["algorithms"]) == {"vgrpo", "diffusion_nft"}
     for name, row in summary["algorithms"].items():
         assert SUMMARY_KEYS <= set(row)
@@ -47,6 +51,8 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
         assert phases == pytest.approx(run["mean_iteration_s"], rel=1e-9) and run["mean_rollout_s"] > 0
     assert "Where the time goes" in (tmp_path / "summary.md").read_text()
     assert set(summary["ratios_vs_vgrpo"]) == {"diffusion_nft"}
+    assert set(summary["ratios_vs_vgrpo"]["diffusion_nft"]) >= {"heldout_time_to_target_s", "heldout_nfe_to_target"}
+    assert "heldout_time_to_target_s_reached" in summary["algorithms"]["vgrpo"]
     for name in ("summary.md", "reward_vs_train_seconds.png", "reward_vs_nfe_cumulative.png", "reward_vs_grad_steps.png"):
         assert (tmp_path / name).stat().st_size > 0
     # Run again on the same folder: every run is read back (a finished run is not retrained), same summary.

@@ -88,6 +88,28 @@ def test_time_to_target_uses_the_smoothed_reward():
     assert time_to_target(rows, 0.99)["time_to_target_s"] is None
 
 
+def test_the_heldout_target_is_the_same_rule_on_the_evaluations_and_its_clock_starts_after_the_base():
+    """One sampler scores every algorithm's evaluations, so the held-out rule reads them the way the training rule
+    reads training rewards: base the iteration-0 evaluation (the base policy), ceiling the best evaluation (no
+    smoothing: each is a fixed held-out set). The first evaluation reaching the target gives the costs; the base
+    evaluation never counts, even when the target is at the base."""
+    from benchmarks.compare import heldout_target_rule, heldout_time_to_target
+
+    def evaluations(*rewards):
+        return [{"iteration": 10 * i, "reward_mean": r, "train_seconds": 5.0 * i, "train_cpu_s": 9.0 * i,
+                 "nfe_cumulative": 14 * 10 * i, "grad_steps": 2 * i} for i, r in enumerate(rewards)]
+
+    runs = [evaluations(0.5, 0.55, 0.7, 0.65), evaluations(0.5, 0.6, 0.6, 0.9)]
+    rule = heldout_target_rule(runs)
+    assert (rule["base"], rule["ceiling"]) == (0.5, 0.9) and rule["target"] == pytest.approx(0.5 + 0.8 * 0.4)
+    assert heldout_target_rule(runs[::-1]) == rule
+    assert heldout_time_to_target(runs[1], rule["target"]) == {
+        "heldout_time_to_target_s": 15.0, "heldout_cpu_time_to_target_s": 27.0, "heldout_nfe_to_target": 420,
+        "heldout_steps_to_target": 6}
+    assert heldout_time_to_target(runs[0], rule["target"])["heldout_time_to_target_s"] is None
+    assert heldout_time_to_target(runs[0], 0.5)["heldout_time_to_target_s"] == 5.0  # not 0: the base does not count
+
+
 def test_regime_verdicts():
     from benchmarks.ablations import verdict
 
@@ -158,15 +180,19 @@ def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
 
     def evaluation(iteration, counting, judged):
         return {"iteration": iteration, "reward_mean": 0.3, "accuracy": 0.2, "geneval/counting": counting,
-                "judge_geneval/counting": judged}
+                "judge_geneval/counting": judged, "train_seconds": 4.0 * iteration, "train_cpu_s": 8.0 * iteration,
+                "nfe_cumulative": 10 * iteration, "grad_steps": iteration}
 
-    runs = [summarise_run(metrics, [evaluation(0, 0.1, 0.2), evaluation(3, final, 0.4)], 0.15) for final in (0.5, 0.7)]
+    runs = [summarise_run(metrics, [evaluation(0, 0.1, 0.2), evaluation(3, final, 0.4)], 0.15, 0.3) for final in (0.5, 0.7)]
     assert runs[0]["mean_rollout_s"] == 4.0 and runs[0]["mean_iteration_s"] == 8.0  # (2 + 4 + 6) / 3, (4 + 8 + 12) / 3
     assert (runs[0]["base_geneval/counting"], runs[0]["final_geneval/counting"]) == (0.1, 0.5)
     row = _aggregate(runs) | {"step_control": "one_step", "lr": 1e-3}
     assert row["final_geneval/counting"] == pytest.approx(0.6)
-    protocol = {"tuning_seed": 100, "target": 0.15, "rule": "a rule", "base": 0.0, "ceiling": 0.2}
+    protocol = {"tuning_seed": 100, "target": 0.15, "rule": "a rule", "base": 0.0, "ceiling": 0.2,
+                "heldout": {"target": 0.3, "rule": "the held-out rule", "base": 0.3, "ceiling": 0.3}}
     text = markdown_table({"protocol": protocol, "task": "geneval", "seeds": 2, "algorithms": {"vgrpo": row},
                            "ratios_vs_vgrpo": {}}).splitlines()
     assert "| vgrpo | 4.00 (50%) | 1.00 (12%) | 1.00 (12%) | 2.00 (25%) | 8.00 (100%) |" in text
     assert "| geneval/counting | 0.1 -> 0.6 |" in text and "| judge_geneval/counting | 0.2 -> 0.4 |" in text
+    # The held-out target (0.3) is reached at the second evaluation (iteration 3: 12 s, 30 NFE) by both seeds.
+    assert "| vgrpo | 2/2 | 12 | 30 | — | — |" in text and any("the held-out rule" in line for line in text)
