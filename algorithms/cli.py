@@ -143,7 +143,7 @@ def _compress(args) -> int:
     for path in map(Path, args.paths):
         runs = run_folders(path)
         done = [entry for run in runs for entry in RunDir(run).compress_tables()]
-        before, after = sum(e[1] for e in done), sum(e[2] for e in done)
+        before, after = sum(t.bytes_before for t in done), sum(t.bytes_after for t in done)
         print(f"{path}: {len(done)} tables of {len(runs)} runs compressed, {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
     return 0
 

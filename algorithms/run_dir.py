@@ -35,6 +35,7 @@ import uuid
 import warnings
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -62,6 +63,14 @@ def rows_to_csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+class CompressedTable(NamedTuple):
+    """A table :meth:`RunDir.compress_tables` compressed: its ``.gz`` and its size in bytes before and after."""
+
+    path: Path
+    bytes_before: int
+    bytes_after: int
 
 
 def compressed_path(path: Path) -> Path:
@@ -319,13 +328,12 @@ class RunDir:
             records.append(record)
         return records
 
-    def compress_tables(self) -> list[tuple[Path, int, int]]:
+    def compress_tables(self) -> list[CompressedTable]:
         """Replace the run's tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that every reader here reads back
         unchanged, to keep finished runs (as results/ does) at about a third of the size. Each copy is written
         atomically, keeps the table's modification time and is checked against its bytes before the table is
-        removed; a run in use by a live
-        process is refused (under its lock); a table written again later (a resumed run) replaces its copy.
-        Returns (compressed file, bytes before, bytes after) for each table compressed."""
+        removed; a run in use by a live process is refused (under its lock); a table written again later (a
+        resumed run) replaces its copy."""
         self.lock()
         try:
             done = []
@@ -339,7 +347,7 @@ class RunDir:
                     raise RunDirError(f"{target} does not read back as {path}; {path} is kept.")
                 os.utime(target, ns=(written.st_atime_ns, written.st_mtime_ns))  # when the run wrote it
                 path.unlink()
-                done.append((target, len(data), target.stat().st_size))
+                done.append(CompressedTable(target, len(data), target.stat().st_size))
             return done
         finally:
             self.unlock()

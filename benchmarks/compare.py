@@ -61,7 +61,8 @@ REFERENCE = "vgrpo"
 BOOTSTRAP_RESAMPLES = 2000
 INTERVAL = 0.9
 DIAGNOSTICS = ("clip_fraction", "clip_fraction_active", "approx_kl_k3", "approx_kl_sq")
-RATIO_KEYS = ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "heldout_time_to_target_s", "heldout_nfe_to_target")
+TRAINING_RATIO_KEYS = ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target")
+HELDOUT_RATIO_KEYS = ("heldout_time_to_target_s", "heldout_nfe_to_target")
 
 # One step per rollout; two epochs (clipped where the algorithm clips its ratio); two minibatches per rollout.
 DEFAULT_STEP_CONTROLS = {
@@ -160,11 +161,15 @@ def heldout_target_rule(tuning_evaluations: list[list[dict]], fraction: float = 
 
 TO_TARGET = {"time_to_target_s": "train_seconds", "cpu_time_to_target_s": "train_cpu_s",
              "nfe_to_target": "nfe_cumulative", "steps_to_target": "grad_steps"}
+OPTIONAL_COSTS = ("train_cpu_s",)  # runs made before the trainer logged CPU time have none
 
 
 def _costs_at(row: dict | None, prefix: str = "") -> dict:
-    """Wall-clock and CPU seconds, NFE and gradient steps of the run at ``row`` (None for each when None)."""
-    return {prefix + key: None if row is None else row.get(column) for key, column in TO_TARGET.items()}
+    """Wall-clock and CPU seconds, NFE and gradient steps of the run at ``row`` (None for each when None). A
+    row without one of them (CPU time aside) is a KeyError, not a target silently never reached."""
+    if row is None:
+        return {prefix + key: None for key in TO_TARGET}
+    return {prefix + key: row.get(column) if column in OPTIONAL_COSTS else row[column] for key, column in TO_TARGET.items()}
 
 
 def time_to_target(metrics: list[dict], target: float) -> dict:
@@ -176,7 +181,8 @@ def time_to_target(metrics: list[dict], target: float) -> dict:
 def heldout_time_to_target(evaluations: list[dict], target: float) -> dict:
     """The same at the first evaluation after the base one (iteration 0) whose held-out reward reaches ``target``,
     keys prefixed ``heldout_``. Its clock ticks once per evaluation (``eval.every`` iterations)."""
-    return _costs_at(next((e for e in evaluations[1:] if e["reward_mean"] >= target), None), "heldout_")
+    return _costs_at(next((e for e in evaluations if e["iteration"] > 0 and e["reward_mean"] >= target), None),
+                     "heldout_")
 
 
 def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, heldout_target: float) -> dict:
@@ -355,7 +361,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         for variant in runs:
             if variant != REFERENCE:
                 ratios[variant] = {key: median_ratio_interval([r[key] for r in runs[REFERENCE]], [r[key] for r in runs[variant]])
-                                   for key in RATIO_KEYS}
+                                   for key in TRAINING_RATIO_KEYS + HELDOUT_RATIO_KEYS}
     summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
                "algorithms": {v: _aggregate(r) | protocol["chosen"][v] for v, r in runs.items()},
                "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
@@ -386,7 +392,7 @@ def markdown_table(summary: dict) -> str:
     if ratios:
         lines += ["", f"Ratio of {REFERENCE}'s median to each algorithm's, bootstrap {INTERVAL:.0%} interval:", "",
                   "| algorithm | time | CPU time | NFE |", "|---|---|---|---|"]
-        lines += _ratio_rows(ratios, ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target"))
+        lines += _ratio_rows(ratios, TRAINING_RATIO_KEYS)
     lines += _heldout_table(summary) + _phase_table(summary["algorithms"]) + _breakdown_table(summary["algorithms"])
     return "\n".join(lines) + "\n"
 
@@ -409,8 +415,7 @@ def _heldout_table(summary: dict) -> list[str]:
     for algo, row in summary["algorithms"].items():
         cells = [row["heldout_time_to_target_s_reached"], _cell(row["heldout_time_to_target_s"]),
                  _cell(row["heldout_nfe_to_target"])]
-        cells += [_ratio_cell(ratios[algo][key]) if algo in ratios else "—"
-                  for key in ("heldout_time_to_target_s", "heldout_nfe_to_target")]
+        cells += [_ratio_cell(ratios[algo][key]) if algo in ratios else "—" for key in HELDOUT_RATIO_KEYS]
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     return lines
 

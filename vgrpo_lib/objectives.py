@@ -17,8 +17,9 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 def clip_sides(clip_range, device: torch.device | None = None) -> tuple:
     """``(low, high)`` of a clip range: a float ``eps`` (symmetric), a ``(low, high)`` pair, or a tensor ``[2]``
     (a loss module's buffer; indexed, never read back to the host: no device sync). With ``device``, a tensor
-    range is first copied there (``non_blocking``: no device sync): ``torch.clamp`` takes tensor bounds only on its input's device,
-    and a loss module's buffers stay on the CPU when the module was built around a model already on a GPU."""
+    range is first copied there (``non_blocking``: no device sync): ``torch.clamp`` takes tensor bounds only on
+    its input's device, and a loss module's buffers stay on the CPU when the module was built around a model
+    already on a GPU."""
     if isinstance(clip_range, torch.Tensor) and clip_range.ndim == 1:
         if device is not None:
             clip_range = clip_range.to(device, non_blocking=True)

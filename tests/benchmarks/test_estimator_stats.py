@@ -86,6 +86,10 @@ def test_time_to_target_uses_the_smoothed_reward():
         "time_to_target_s": 60.0, "cpu_time_to_target_s": 120.0, "nfe_to_target": 84, "steps_to_target": 6
     }
     assert time_to_target(rows, 0.99)["time_to_target_s"] is None
+    # A row without its costs is an error, not a target never reached; only CPU time may be missing (older runs).
+    with pytest.raises(KeyError, match="nfe_cumulative"):
+        time_to_target([{k: v for k, v in row.items() if k != "nfe_cumulative"} for row in rows], 0.8)
+    assert time_to_target([{k: v for k, v in row.items() if k != "train_cpu_s"} for row in rows], 0.8)["nfe_to_target"] == 84
 
 
 def test_the_heldout_target_is_the_same_rule_on_the_evaluations_and_its_clock_starts_after_the_base():
