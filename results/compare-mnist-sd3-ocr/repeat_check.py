@@ -1,0 +1,28 @@
+"""Do the reported runs of seeds 0-2, made again in session 14, repeat the earlier session's? Prints each seed's
+final held-out evaluation from this folder's runs beside the earlier summary's, and the mean seconds per
+iteration of both (the machines differed). The earlier summary is the one committed at 7e6e3aa:
+
+    python results/compare-mnist-sd3-ocr/repeat_check.py <(git show 7e6e3aa:results/compare-mnist-sd3-ocr/summary.json) \
+        > results/compare-mnist-sd3-ocr/repeat_check.txt
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from algorithms.run_dir import RunDir
+from benchmarks.compare import run_name
+
+HERE = Path(__file__).parent
+earlier, now = json.loads(Path(sys.argv[1]).read_text()), json.loads((HERE / "summary.json").read_text())
+KEYS = (("final_eval_reward", "reward_mean"), ("final_accuracy", "accuracy"), ("judge_accuracy", "judge_accuracy"))
+for variant, chosen in earlier["protocol"]["chosen"].items():
+    for seed in earlier["protocol"]["reported_seeds"]:
+        final = RunDir(HERE / "runs" / run_name(variant, chosen["step_control"], chosen["lr"], seed)).read_jsonl("eval.jsonl")[-1]
+        before = earlier["per_seed"][variant][seed]
+        cells = "  ".join(f"{key} {before[key]:.4f} -> {final[column]:.4f}" for key, column in KEYS)
+        same = all(before[key] == final[column] for key, column in KEYS)
+        print(f"{variant:<14} seed {seed}: {cells}  {'identical' if same else 'DIFFERENT'}")
+for variant in earlier["algorithms"]:
+    print(f"{variant:<14} mean seconds per iteration: earlier {earlier['algorithms'][variant]['mean_iteration_s']:.2f}, "
+          f"now {now['algorithms'][variant]['mean_iteration_s']:.2f}")
