@@ -330,7 +330,7 @@ class RunDir:
 
     def compress_tables(self) -> list[CompressedTable]:
         """Replace the run's tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that every reader here reads back
-        unchanged, to keep finished runs (as results/ does) at about a third of the size. Each copy is written
+        unchanged, to keep finished runs (as results/ does) at about 35-45% of the size. Each copy is written
         atomically, keeps the table's modification time and is checked against its bytes before the table is
         removed; a run in use by a live process is refused (under its lock); a table written again later (a
         resumed run) replaces its copy."""
