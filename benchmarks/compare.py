@@ -398,8 +398,13 @@ def markdown_table(summary: dict) -> str:
 
 
 def _ratio_cell(ratio: dict) -> str:
-    interval = "" if ratio["interval"] is None else f" [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
-    return ("—" if ratio["ratio"] is None else f"{ratio['ratio']:.2f}") + interval
+    """The ratio and its interval; a ratio whose interval is not estimable says so, with the share of resamples
+    in which both medians were finite (the interval needs 90%)."""
+    if ratio["ratio"] is None:
+        return "—"
+    if ratio["interval"] is None:
+        return f"{ratio['ratio']:.2f} (no interval: {ratio['estimable_share']:.0%} of resamples estimable)"
+    return f"{ratio['ratio']:.2f} [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
 
 
 def _ratio_rows(ratios: dict, keys: tuple[str, ...]) -> list[str]:

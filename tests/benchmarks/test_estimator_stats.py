@@ -157,6 +157,15 @@ def test_median_ratio_interval():
     # ... a majority makes it infinite, and the ratio is not estimable.
     most = median_ratio_interval([None, None, None, 1.0, 1.0], [2.0] * 5)
     assert most["ratio"] is None and most["interval"] is None
+    # Finite medians but too many resamples with an infinite one: the ratio stands, the interval does not, and the
+    # summary's cell says why instead of showing a bare number.
+    from benchmarks.compare import _ratio_cell
+
+    thin = median_ratio_interval([1.0, 1.0, 1.0, None, None], [2.0, 2.0, 2.0, None, None])
+    assert thin["ratio"] == 0.5 and thin["interval"] is None and 0.0 < thin["estimable_share"] < 0.9
+    assert _ratio_cell(thin) == f"0.50 (no interval: {thin['estimable_share']:.0%} of resamples estimable)"
+    assert _ratio_cell(half) == f"0.50 [{half['interval'][0]:.2f}, {half['interval'][1]:.2f}]"
+    assert _ratio_cell(most) == "—"
 
 
 def test_every_variant_builds_every_step_control_with_an_equal_budget():
