@@ -1,5 +1,6 @@
 """Wall-clock between one run's last evaluation and the next run's start (file times of the runs' tables): the
-comparison's time outside its runs, here mostly pauses (SIGSTOP) for tests and checks on the same machine.
+comparison's time outside its runs (pauses, SIGSTOP, for tests and checks on the same machine), for the tuning runs
+and the reported runs apart (the 5-seed reported runs were made in a later session than the tuning runs).
 File times are those of the machine that ran it: a git checkout resets them, so run this where the runs were made
 (`vgrpo compress` keeps a table's time on its compressed copy).
 
@@ -10,12 +11,23 @@ from pathlib import Path
 
 from algorithms.run_dir import compressed_path
 
+TUNING_SEED = 100
+
+
+def finished(run: Path) -> float:
+    evaluations = run / "eval.jsonl"
+    return os.path.getmtime(evaluations if evaluations.exists() else compressed_path(evaluations))
+
+
 runs = sorted((Path(__file__).parent / "runs").iterdir(), key=lambda run: os.path.getmtime(run / "config.json"))
-total = 0.0
-for before, after in zip(runs, runs[1:]):
-    evaluations = before / "eval.jsonl"
-    gap = os.path.getmtime(after / "config.json") - os.path.getmtime(
-        evaluations if evaluations.exists() else compressed_path(evaluations))
-    total += gap
-    print(f"{before.name} -> {after.name}: {gap:.0f} s")
-print(f"between runs in all: {total:.0f} s ({total / 60:.1f} min)")
+phases = {"tuning": [run for run in runs if run.name.endswith(f"_seed{TUNING_SEED}")],
+          "reported": [run for run in runs if not run.name.endswith(f"_seed{TUNING_SEED}")]}
+for phase, group in phases.items():
+    total = 0.0
+    for before, after in zip(group, group[1:]):
+        gap = os.path.getmtime(after / "config.json") - finished(before)
+        total += gap
+        print(f"{before.name} -> {after.name}: {gap:.0f} s")
+    span = finished(group[-1]) - os.path.getmtime(group[0] / "config.json")
+    print(f"{phase} runs ({len(group)}): {span / 60:.1f} min from the first start to the last evaluation, "
+          f"{total:.0f} s ({total / 60:.1f} min) of it between runs")
