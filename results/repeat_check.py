@@ -1,9 +1,12 @@
-"""Do the reported runs of seeds 0-2, made again in session 14, repeat the earlier session's? Prints each seed's
-final held-out evaluation from this folder's runs beside the earlier summary's, and the mean seconds per
-iteration of both (the machines differed). The earlier summary is the one committed at 7e6e3aa:
+"""Do a comparison's reported runs, made again in a later session, repeat the earlier session's? Prints each
+earlier seed's final held-out evaluation from the folder's runs beside the earlier summary's, and the mean
+seconds per iteration of both (the machines differed). The earlier summaries are the ones committed before the
+reruns (ocr at 7e6e3aa, rerun in session 14; geneval at 6307a69, rerun in session 15):
 
-    python results/compare-mnist-sd3-ocr/repeat_check.py <(git show 7e6e3aa:results/compare-mnist-sd3-ocr/summary.json) \
+    python results/repeat_check.py results/compare-mnist-sd3-ocr <(git show 7e6e3aa:results/compare-mnist-sd3-ocr/summary.json) \
         > results/compare-mnist-sd3-ocr/repeat_check.txt
+    python results/repeat_check.py results/compare-mnist-sd3-geneval \
+        <(git show 6307a69:results/compare-mnist-sd3-geneval/summary.json) > results/compare-mnist-sd3-geneval/repeat_check.txt
 """
 import json
 import statistics
@@ -13,8 +16,8 @@ from pathlib import Path
 from algorithms.run_dir import RunDir
 from benchmarks.compare import run_name
 
-HERE = Path(__file__).parent
-earlier, now = json.loads(Path(sys.argv[1]).read_text()), json.loads((HERE / "summary.json").read_text())
+HERE = Path(sys.argv[1])
+earlier, now = json.loads(Path(sys.argv[2]).read_text()), json.loads((HERE / "summary.json").read_text())
 KEYS = (("final_eval_reward", "reward_mean"), ("final_accuracy", "accuracy"), ("judge_accuracy", "judge_accuracy"))
 for variant, chosen in earlier["protocol"]["chosen"].items():
     for seed in earlier["protocol"]["reported_seeds"]:
