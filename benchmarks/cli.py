@@ -28,7 +28,7 @@ def _compare(args) -> int:
 
     kwargs = {} if args.variants is None else {"variants": tuple(args.variants)}
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
-                          iterations=args.iterations, pipeline=_pipeline(args.preset), **kwargs)
+                          iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select, **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -65,6 +65,8 @@ def make_parser():
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
     compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
+    compare.add_argument("--select", choices=("training", "heldout"), default="training",
+                         help="the target whose time selects each algorithm's setting on the tuning seed")
     compare.add_argument("--out", required=True)
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")
     compare.set_defaults(handler=_compare)

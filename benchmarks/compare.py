@@ -14,13 +14,14 @@ reward, group size and iteration budget, under a protocol that favours no algori
    that are SDEs or have SDE windows score differently from the ODE at the same weights, while the evaluation
    is one sampler for all; its clock ticks once per evaluation.
 3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
-   final reward).
+   final reward); ``select="heldout"`` selects by the held-out target instead (else the best final held-out
+   reward), the check that a training-reward target, biased between rollout samplers, did not decide the choice.
 4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
    smoke tests and may use fewer).
 5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the
    target (a seed that never reaches it counts as infinite), the same to the held-out target (``heldout_*``), and,
    against ``REFERENCE`` (V-GRPO), the ratio of medians with a bootstrap 90% interval (seeds resampled within each
-   algorithm). Selection (3.) uses the training-reward target only.
+   algorithm). ``protocol.json`` records which target selected (``selection``).
 
 Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`algorithms.trainer`);
 time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes
@@ -254,10 +255,23 @@ def _aggregate(per_seed: list[dict]) -> dict:
     return out
 
 
-def _score(result: dict) -> tuple:
-    """Sort key of a tuning run: reached the target first, then earlier, then higher final reward."""
-    reached = result["time_to_target_s"] is not None
-    return (not reached, result["time_to_target_s"] if reached else 0.0, -result["final_reward"])
+SELECTION_COLUMNS = {"training": ("time_to_target_s", "final_reward"),
+                     "heldout": ("heldout_time_to_target_s", "final_eval_reward")}
+
+
+def _check_selection(by: str) -> None:
+    if by not in SELECTION_COLUMNS:
+        raise ValueError(f"select/by={by!r}: expected one of {sorted(SELECTION_COLUMNS)} (the target that selects)")
+
+
+def selection_key(result: dict, by: str = "training") -> tuple:
+    """Sort key of a tuning run (its :func:`summarise_run` row): reached the target first, then earlier, then the
+    higher final reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which
+    setting the held-out target would have chosen (``results/heldout_selection.py``)."""
+    _check_selection(by)
+    time_key, reward_key = SELECTION_COLUMNS[by]
+    reached = result[time_key] is not None
+    return (not reached, result[time_key] if reached else 0.0, -result[reward_key])
 
 
 def _check_variants(variants) -> None:
@@ -304,9 +318,11 @@ def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
 
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
-                iterations: int | None = None, pipeline: str | None = None) -> dict:
+                iterations: int | None = None, pipeline: str | None = None, select: str = "training") -> dict:
     """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
-    (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``."""
+    (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
+    names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``)."""
+    _check_selection(select)
     if seeds < MIN_SEEDS and not quick:
         raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     _check_variants(variants)
@@ -341,12 +357,12 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     for variant, runs in tuning.items():
         results = {key: summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"])
                    for key, t in runs.items()}
-        chosen[variant] = min(results, key=lambda key: _score(results[key]))
+        chosen[variant] = min(results, key=lambda key: selection_key(results[key], by=select))
         sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
                 "overrides": list(overrides or []), "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
-                "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
+                "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
     atomic_write_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
     print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
 
@@ -382,7 +398,9 @@ def markdown_table(summary: dict) -> str:
     keys = ["step_control", "lr", "time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "steps_to_target",
             "final_reward", "final_accuracy", "judge_gap", "diversity", "seconds_per_iteration",
             "nfe_per_sample_per_iteration", "clip_fraction", "approx_kl_sq"]
-    lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) (tuning seed {p['tuning_seed']}). "
+    selected = {"training": "training-reward", "heldout": "held-out"}[p.get("selection", "training")]
+    lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) (tuning seed {p['tuning_seed']}; each "
+             f"algorithm's setting selected by the {selected} target). "
              f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",
              "Medians over seeds (to target; a seed that never reaches it counts as infinite), means otherwise.", "",
              "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]

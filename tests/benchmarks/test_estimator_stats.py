@@ -168,6 +168,27 @@ def test_median_ratio_interval():
     assert _ratio_cell(most) == "—"
 
 
+def test_selection_key_orders_tuning_runs_by_the_named_target():
+    """Reached first, then sooner, then the higher final reward; the held-out key reads the held-out columns only."""
+    from benchmarks.compare import selection_key
+
+    def run(time, reward, heldout_time, eval_reward):
+        return {"time_to_target_s": time, "final_reward": reward, "heldout_time_to_target_s": heldout_time,
+                "final_eval_reward": eval_reward}
+
+    fast_on_training = run(10.0, 0.9, None, 0.50)   # first to the training target, never to the held-out one
+    fast_held_out = run(30.0, 0.8, 40.0, 0.70)
+    never = run(None, 0.95, None, 0.60)
+    runs = {"a": fast_on_training, "b": fast_held_out, "c": never}
+    assert min(runs, key=lambda k: selection_key(runs[k])) == "a"
+    assert min(runs, key=lambda k: selection_key(runs[k], by="heldout")) == "b"
+    # Neither reaches the held-out target: the higher final evaluation reward wins, not the training reward.
+    del runs["b"]
+    assert min(runs, key=lambda k: selection_key(runs[k], by="heldout")) == "c"
+    with pytest.raises(ValueError, match="by='eval'.*the target that selects"):
+        selection_key(never, by="eval")
+
+
 def test_every_variant_builds_every_step_control_with_an_equal_budget():
     """Each algorithm of the comparison (baselines and peers) is tuned over as many settings as every other, and
     each of them is a valid configuration with one gradient step per rollout and two epochs among them."""
