@@ -28,6 +28,8 @@ for summary_path in sorted(RESULTS.glob("*/summary.json")):
     protocol = summary.get("protocol", {})
     if "heldout" not in protocol or "tuning" not in summary:
         continue  # kept without the held-out target (its runs' tables were not kept) or before the protocol
+    if protocol.get("selection", "training") != "training":
+        continue  # a rerun selected by the held-out target (its tuning runs are another folder's)
     print(f"{summary_path.parent.name} (held-out target {protocol['heldout']['target']:.4f})")
     for variant, settings in summary["tuning"].items():
         by_training = min(settings, key=lambda name: selection_key(settings[name]))
