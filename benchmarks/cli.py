@@ -19,6 +19,7 @@ import sys
 
 from algorithms import cli as training_cli
 from algorithms.presets import PIPELINES
+from benchmarks.compare import SELECTIONS
 
 __all__ = ["main"]
 
@@ -65,7 +66,7 @@ def make_parser():
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
     compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
-    compare.add_argument("--select", choices=("training", "heldout"), default="training",
+    compare.add_argument("--select", choices=tuple(SELECTIONS), default="training",
                          help="the target whose time selects each algorithm's setting on the tuning seed")
     compare.add_argument("--out", required=True)
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")

@@ -255,13 +255,23 @@ def _aggregate(per_seed: list[dict]) -> dict:
     return out
 
 
-SELECTION_COLUMNS = {"training": ("time_to_target_s", "final_reward"),
-                     "heldout": ("heldout_time_to_target_s", "final_eval_reward")}
+@dataclass(frozen=True)
+class Selection:
+    """A target that can choose each algorithm's setting: the summary columns of its time to target and of the
+    final reward that breaks ties among settings that never reach it, and its name in the summary."""
+
+    time_key: str
+    reward_key: str
+    label: str
+
+
+SELECTIONS = {"training": Selection("time_to_target_s", "final_reward", "training-reward"),
+              "heldout": Selection("heldout_time_to_target_s", "final_eval_reward", "held-out")}
 
 
 def _check_selection(by: str) -> None:
-    if by not in SELECTION_COLUMNS:
-        raise ValueError(f"select/by={by!r}: expected one of {sorted(SELECTION_COLUMNS)} (the target that selects)")
+    if by not in SELECTIONS:
+        raise ValueError(f"select/by={by!r}: expected one of {sorted(SELECTIONS)} (the target that selects)")
 
 
 def selection_key(result: dict, by: str = "training") -> tuple:
@@ -269,9 +279,9 @@ def selection_key(result: dict, by: str = "training") -> tuple:
     higher final reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which
     setting the held-out target would have chosen (``results/heldout_selection.py``)."""
     _check_selection(by)
-    time_key, reward_key = SELECTION_COLUMNS[by]
-    reached = result[time_key] is not None
-    return (not reached, result[time_key] if reached else 0.0, -result[reward_key])
+    selection = SELECTIONS[by]
+    time = result[selection.time_key]
+    return (time is None, 0.0 if time is None else time, -result[selection.reward_key])
 
 
 def _check_variants(variants) -> None:
@@ -398,7 +408,7 @@ def markdown_table(summary: dict) -> str:
     keys = ["step_control", "lr", "time_to_target_s", "cpu_time_to_target_s", "nfe_to_target", "steps_to_target",
             "final_reward", "final_accuracy", "judge_gap", "diversity", "seconds_per_iteration",
             "nfe_per_sample_per_iteration", "clip_fraction", "approx_kl_sq"]
-    selected = {"training": "training-reward", "heldout": "held-out"}[p.get("selection", "training")]
+    selected = SELECTIONS[p.get("selection", "training")].label  # protocols before --select have no key
     lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) (tuning seed {p['tuning_seed']}; each "
              f"algorithm's setting selected by the {selected} target). "
              f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",

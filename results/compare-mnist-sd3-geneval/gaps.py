@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 from algorithms.run_dir import compressed_path
-
-TUNING_SEED = 100
+from benchmarks.compare import TUNING_SEED
 
 
 def finished(run: Path) -> float:
