@@ -17,7 +17,7 @@ Cost per sample and iteration: rollout steps + K forward+backward per step + K p
 
 from __future__ import annotations
 
-from algorithms.base import Algorithm
+from vgrpo_lib.algorithms.base import Algorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import AWMLoss

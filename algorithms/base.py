@@ -1,4 +1,4 @@
-"""What an algorithm plugs into the shared trainer loop (:mod:`algorithms.trainer`).
+"""What an algorithm plugs into the shared trainer loop (:mod:`vgrpo_lib.algorithms.trainer`).
 
 The loop owns prompts, rewards, advantages, minibatching, optimisation, logging and checkpoints. An
 algorithm owns only what makes it different:
@@ -10,9 +10,9 @@ algorithm owns only what makes it different:
 - ``after_iteration``: old-policy updates;
 - ``nfe``: model evaluations per sample per iteration, for cost accounting.
 
-An algorithm is built from the config, the policies it asked for (:class:`algorithms.policies.Policies`:
+An algorithm is built from the config, the policies it asked for (:class:`vgrpo_lib.algorithms.policies.Policies`:
 ``needs_reference`` / ``needs_behaviour``), the sample shape and the rollout time grid (the task's; see
-:func:`algorithms.tasks.rollout_grid`).
+:func:`vgrpo_lib.algorithms.tasks.rollout_grid`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from algorithms.config import TrainConfig
-from algorithms.policies import Policies
-from integrations.distributed import Shard
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.policies import Policies
+from vgrpo_lib.integrations.distributed import Shard
 from vgrpo_lib.samplers import nfe_per_sample, sample_ode
 
 
@@ -54,7 +54,7 @@ class Algorithm:
 
     @staticmethod
     def needs_behaviour(config: TrainConfig) -> bool:
-        """Whether the algorithm needs a soft-updated behaviour policy (:class:`algorithms.policies.BehaviourPolicy`)."""
+        """Whether the algorithm needs a soft-updated behaviour policy (:class:`vgrpo_lib.algorithms.policies.BehaviourPolicy`)."""
         return False
 
     @property

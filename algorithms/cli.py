@@ -2,18 +2,18 @@
 
     vgrpo train --algo vgrpo [--task digit] [--preset testbed] [key=value ...] --out RUN_DIR [--resume]
     vgrpo train --preset mnist-sd3 [--task digit|ocr] --out RUN_DIR      (the shipped diffusers pipeline)
-    torchrun --nproc_per_node N -m algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
-                                                             N processes, see integrations.distributed)
+    torchrun --nproc_per_node N -m vgrpo_lib.algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
+                                                             N processes, see vgrpo_lib.integrations.distributed)
     vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz     (the base policy)
     vgrpo sample --run RUN_DIR --per-prompt N --seed S --out FILE.npz              (a trained policy)
     vgrpo eval --run RUN_DIR
     vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
-                                                   safetensors, with a model card; see algorithms.export)
+                                                   safetensors, with a model card; see vgrpo_lib.algorithms.export)
     vgrpo compress PATH ...                       (gzip the tables of the runs in PATH, e.g. a finished comparison
                                                    kept in results/; every command reads them back unchanged)
 
 An expected failure prints one line, ``vgrpo COMMAND: error: ...``, and exits with its own code (see
-:mod:`algorithms.errors`: 2 usage or configuration, 3 run directory (or export folder) refused, 4 damaged file, 5 disk full / read-only
+:mod:`vgrpo_lib.algorithms.errors`: 2 usage or configuration, 3 run directory (or export folder) refused, 4 damaged file, 5 disk full / read-only
 / no permission, 6 the policy diverged or the reward failed); an unexpected error keeps its traceback (exit 1).
 """
 
@@ -27,20 +27,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
-from algorithms.errors import (
+from vgrpo_lib.algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
+from vgrpo_lib.algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
     RunDirError, UsageError, filesystem_message,
 )
-from algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
-from algorithms.evaluation import evaluate_policy
-from algorithms.export import export_run, load_run_policy
-from algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
-from algorithms.tasks import load_task, task_names
-from integrations.task_registry import resolve_task_name
-from algorithms.trainer import RewardError, Trainer
-from integrations.distributed import init_from_env
-from integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
+from vgrpo_lib.algorithms.evaluation import evaluate_policy
+from vgrpo_lib.algorithms.export import export_run, load_run_policy
+from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
+from vgrpo_lib.algorithms.tasks import load_task, task_names
+from vgrpo_lib.integrations.task_registry import resolve_task_name
+from vgrpo_lib.algorithms.trainer import RewardError, Trainer
+from vgrpo_lib.integrations.distributed import init_from_env
+from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 
 
 def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
@@ -63,7 +63,7 @@ def _train(args) -> int:
         else:
             trainer = Trainer(build_config(args.algo, args.task, args.preset, args.overrides), args.out)
         evaluations = trainer.train()
-        del trainer  # its DDP wrapper must go before the process group (see integrations.distributed.shutdown)
+        del trainer  # its DDP wrapper must go before the process group (see vgrpo_lib.integrations.distributed.shutdown)
     if shard.is_main:
         # The base column is the iteration-0 evaluation; a resumed run whose eval.jsonl lost it has none.
         base = evaluations[0] if evaluations and evaluations[0]["iteration"] == 0 else None
@@ -241,7 +241,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
 
 
 def expected_error(error: Exception) -> tuple[int, str] | None:
-    """The exit code and one-line message of an expected failure (see :mod:`algorithms.errors`), or None."""
+    """The exit code and one-line message of an expected failure (see :mod:`vgrpo_lib.algorithms.errors`), or None."""
     if isinstance(error, RunDirError):
         return EXIT_RUN_DIR, str(error)
     if isinstance(error, DamagedFileError):

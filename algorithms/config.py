@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from integrations.distributed import STRATEGIES
-from algorithms.run_logging import LOG_BACKENDS
-from algorithms.step_control import parse_schedule
+from vgrpo_lib.integrations.distributed import STRATEGIES
+from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
+from vgrpo_lib.algorithms.step_control import parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS
@@ -158,7 +158,7 @@ class AdvantageConfig(Section):
 
 @dataclass
 class ScheduleConfig(Section):
-    """Values that change over the run (:mod:`algorithms.step_control`), from the configured value, one step per
+    """Values that change over the run (:mod:`vgrpo_lib.algorithms.step_control`), from the configured value, one step per
     iteration: ``constant``, ``linear:end=E,steps=N``, ``cosine:end=E,steps=N``,
     ``piecewise:at=B1/B2,values=V0/V1/V2``, each with an optional ``warmup=W``; and for the KL coefficients
     ``adaptive:target=T,horizon=H`` (the adaptive KL controller). None: the configured value throughout."""
@@ -421,7 +421,7 @@ class ModelConfig(Section):
 
 @dataclass
 class DistributedConfig(Section):
-    """Multi-process training under torchrun (see :mod:`integrations.distributed`)."""
+    """Multi-process training under torchrun (see :mod:`vgrpo_lib.integrations.distributed`)."""
 
     # ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes)
     strategy: str = setting("ddp", choices=STRATEGIES)
@@ -440,7 +440,7 @@ class EvalConfig(Section):
 @dataclass
 class LogConfig(Section):
     """Where the metrics and sample grids go besides the run directory's files (TorchRL's loggers, see
-    :mod:`algorithms.run_logging`)."""
+    :mod:`vgrpo_lib.algorithms.run_logging`)."""
 
     # auto (TensorBoard when installed, else CSV) | tensorboard | csv | wandb (Weights & Biases; WANDB_MODE=offline
     # keeps it on this machine)

@@ -15,11 +15,11 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from algorithms.config import EvalConfig
-from algorithms.errors import DivergenceError
-from algorithms.policies import WeightEMA
-from algorithms.rng import isolated_rng
-from algorithms.scoring import check_finite_images
+from vgrpo_lib.algorithms.config import EvalConfig
+from vgrpo_lib.algorithms.errors import DivergenceError
+from vgrpo_lib.algorithms.policies import WeightEMA
+from vgrpo_lib.algorithms.rng import isolated_rng
+from vgrpo_lib.algorithms.scoring import check_finite_images
 
 
 @torch.no_grad()

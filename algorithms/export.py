@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from algorithms.config import TrainConfig
-from algorithms.errors import RunDirError
-from algorithms.run_dir import RunDir, atomic_write_text
-from algorithms.tasks import load_task
-from integrations.task_registry import TASK_ENTRIES
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.errors import RunDirError
+from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
+from vgrpo_lib.algorithms.tasks import load_task
+from vgrpo_lib.integrations.task_registry import TASK_ENTRIES
 from vgrpo_lib import __version__
 
 
@@ -49,7 +49,7 @@ def load_run_policy(run_dir: str | Path):
     policy = task.load_policy().eval()
     base = task.reference_policy(policy)
     policy.load_state_dict(state["policy"])
-    if "ema" in state:  # the average of the trainable parameters, in their order (algorithms.policies.WeightEMA)
+    if "ema" in state:  # the average of the trainable parameters, in their order (vgrpo_lib.algorithms.policies.WeightEMA)
         trainable = [p for p in policy.parameters() if p.requires_grad]
         with torch.no_grad():
             for param, average in zip(trainable, state["ema"]["average"], strict=True):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from algorithms.base import Algorithm, expand_rows
+from vgrpo_lib.algorithms.base import Algorithm, expand_rows
 from vgrpo_lib.control import SDEWindow
 from vgrpo_lib.losses import FlowGRPOLoss
 from vgrpo_lib.samplers import classifier_free_guidance, sample_sde

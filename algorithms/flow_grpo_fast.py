@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.flow_grpo import FlowGRPO
+from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
 
 
 class FlowGRPOFast(FlowGRPO):

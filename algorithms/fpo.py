@@ -16,8 +16,8 @@ the plain velocity loss (no adaptive x-weighting). So the algorithm is V-GRPO's,
 
 from __future__ import annotations
 
-from algorithms.base import Algorithm
-from algorithms.vgrpo import VGRPO
+from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.vgrpo import VGRPO
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 from vgrpo_lib.timesteps import DiscreteGrid

@@ -4,9 +4,9 @@ Each epoch samples the rows without replacement from a TorchRL replay buffer in 
 ``optim.minibatch_size`` rows (each process takes its share of a global minibatch) or ``optim.minibatches`` equal
 shares; one minibatch covering every row is not shuffled (the order is irrelevant to the step, and a multi-process
 run then matches a single one). A minibatch's gradient (accumulated by ``accumulate``, see
-:mod:`algorithms.micro_batches`) is clipped to ``optim.max_grad_norm`` and applied. A step whose loss or gradient is
+:mod:`vgrpo_lib.algorithms.micro_batches`) is clipped to ``optim.max_grad_norm`` and applied. A step whose loss or gradient is
 not finite is skipped (weights and optimizer untouched) and counted; ``optim.max_nonfinite_steps`` in a row abort
-the run, as do non-finite weights or optimizer state after a step (:class:`~algorithms.errors.DivergenceError`).
+the run, as do non-finite weights or optimizer state after a step (:class:`~vgrpo_lib.algorithms.errors.DivergenceError`).
 The EMA of the weights (when kept) follows every step taken. With ``optim.max_kl`` the remaining epochs are
 skipped once an epoch's mean ``approx_kl_k3`` exceeds it (:func:`vgrpo_lib.control.exceeds_kl`, PPO's early stop).
 """
@@ -19,10 +19,10 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
 
-from algorithms.config import OptimConfig
-from algorithms.errors import DivergenceError
-from algorithms.policies import WeightEMA
-from integrations.distributed import all_finite, all_reduce_metrics, full_tensor
+from vgrpo_lib.algorithms.config import OptimConfig
+from vgrpo_lib.algorithms.errors import DivergenceError
+from vgrpo_lib.algorithms.policies import WeightEMA
+from vgrpo_lib.integrations.distributed import all_finite, all_reduce_metrics, full_tensor
 from vgrpo_lib.control import exceeds_kl
 
 

@@ -13,7 +13,7 @@ see :func:`vgrpo_lib.objectives.guard_log_ratio`. Cost: Flow-GRPO's.
 
 from __future__ import annotations
 
-from algorithms.flow_grpo import FlowGRPO
+from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
 from vgrpo_lib.losses import GRPOGuardLoss
 
 

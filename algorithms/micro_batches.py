@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from integrations.distributed import gradient_sync, metric_extreme
+from vgrpo_lib.integrations.distributed import gradient_sync, metric_extreme
 from vgrpo_lib.losses import total_loss
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from integrations.figures import pyplot, save_figure
+from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 
 def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str]):

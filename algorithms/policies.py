@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
+from vgrpo_lib.integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
 from vgrpo_lib.control import EMAWarmupDecay, ema_update_
 
 
@@ -86,7 +86,7 @@ def make_behaviour(task, policy: nn.Module) -> BehaviourPolicy:
 
 @dataclass
 class Policies:
-    """What an :class:`algorithms.base.Algorithm` is built with (see the module doc)."""
+    """What an :class:`vgrpo_lib.algorithms.base.Algorithm` is built with (see the module doc)."""
 
     trained: nn.Module
     reference: object | None = None

@@ -1,7 +1,7 @@
 """Named settings: the testbed defaults per algorithm, the official settings of each algorithm's public code, the
 paper's SD3.5-M / FLUX.1-dev settings, and the shipped MNIST-SD3 pipeline's (``mnist-sd3``).
 
-A preset is a list of ``key=value`` overrides applied before the user's own (see :mod:`algorithms.config`).
+A preset is a list of ``key=value`` overrides applied before the user's own (see :mod:`vgrpo_lib.algorithms.config`).
 
 - ``testbed``: each algorithm's testbed default (``TESTBED``);
 - ``official``: the testbed default plus every algorithm setting of the official code (``OFFICIAL``: loss, KL,
@@ -12,7 +12,7 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
 
 The README's fidelity table lists each official setting, where it was read and what stands for it here.
 The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
-need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :func:`algorithms.tasks.load_task`).
+need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :func:`vgrpo_lib.algorithms.tasks.load_task`).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ PAPER = {
     ],
 }
 
-# The shipped MNIST-SD3 pipeline (integrations.testbed.mnist_sd3) through the hub path, float32 on the CPU. Tasks
+# The shipped MNIST-SD3 pipeline (vgrpo_lib.integrations.testbed.mnist_sd3) through the hub path, float32 on the CPU. Tasks
 # (``--task``): digit (default), ocr, geneval and geneval_ocr, i.e. ``task=mnist-sd3/digit`` / ``mnist-sd3/ocr`` /
 # ``mnist-sd3/geneval`` / ``mnist-sd3/geneval_ocr`` (the last two on the second shipped pipeline, MNIST-SD3-GenEval).
 PIPELINES = {

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from algorithms.awm import AWM
-from algorithms.base import Algorithm
-from algorithms.diffusion_nft import DiffusionNFT
-from algorithms.flow_grpo import FlowGRPO
-from algorithms.flow_grpo_fast import FlowGRPOFast
-from algorithms.fpo import FPO
-from algorithms.grpo_guard import GRPOGuard
-from algorithms.vgrpo import VGRPO
+from vgrpo_lib.algorithms.awm import AWM
+from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.diffusion_nft import DiffusionNFT
+from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
+from vgrpo_lib.algorithms.flow_grpo_fast import FlowGRPOFast
+from vgrpo_lib.algorithms.fpo import FPO
+from vgrpo_lib.algorithms.grpo_guard import GRPOGuard
+from vgrpo_lib.algorithms.vgrpo import VGRPO
 
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (VGRPO, FlowGRPO, DiffusionNFT, FPO, AWM, GRPOGuard, FlowGRPOFast)

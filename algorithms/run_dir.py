@@ -8,7 +8,7 @@
     (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same)
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id
-    RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see algorithms.run_logging)
+    RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see vgrpo_lib.algorithms.run_logging)
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
 moment leaves either the old or the new version; a run removes the temporary files of killed writes when it
@@ -39,10 +39,10 @@ from typing import NamedTuple
 
 import torch
 
-from algorithms.config import TrainConfig
-from algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
-from integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
-from integrations.figures import pyplot, save_figure
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
+from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
+from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
 
@@ -271,7 +271,7 @@ class RunDir:
         return config
 
     def train_config(self) -> TrainConfig:
-        """The saved config as a :class:`~algorithms.config.TrainConfig`; a ``DamagedFileError`` naming the file
+        """The saved config as a :class:`~vgrpo_lib.algorithms.config.TrainConfig`; a ``DamagedFileError`` naming the file
         when it does not make one."""
         try:
             return TrainConfig.from_dict(self.read_config())

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from algorithms.errors import DivergenceError
+from vgrpo_lib.algorithms.errors import DivergenceError
 from vgrpo_lib.advantages import group_statistics
 
 

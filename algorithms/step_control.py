@@ -1,5 +1,5 @@
 """Step control from the config: schedules of the learning rate, the clip range and the KL coefficients, and
-the adaptive KL controller (the ``schedule`` section, see :class:`algorithms.config.ScheduleConfig`).
+the adaptive KL controller (the ``schedule`` section, see :class:`vgrpo_lib.algorithms.config.ScheduleConfig`).
 
 A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the configured value (``optim.lr``,
 ``<algo>.clip_range``, ``<algo>.ref_kl_coef``, ...); it steps once per iteration:

@@ -1,4 +1,4 @@
-"""How the trainer is spread over processes (``distributed.strategy``; see :mod:`integrations.distributed`).
+"""How the trainer is spread over processes (``distributed.strategy``; see :mod:`vgrpo_lib.integrations.distributed`).
 
 Launched with torchrun, every process trains its block of whole prompt groups of the global batch and DDP
 (``ddp``) or FSDP2 (``fsdp2``) averages the gradients; rank 0 alone evaluates and writes files.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from algorithms.config import TrainConfig
-from algorithms.policies import Policies, make_behaviour
-from algorithms.tasks import repeat_each
-from integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.policies import Policies, make_behaviour
+from vgrpo_lib.algorithms.tasks import repeat_each
+from vgrpo_lib.integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
 
 
 def check_split(config: TrainConfig, shard: Shard) -> None:

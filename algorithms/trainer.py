@@ -7,13 +7,13 @@
         -> metrics, evaluation, checkpoint
 
 Costs are measured per phase (rollout, reward, prepare, update) and model evaluations are counted per sample
-(see :meth:`algorithms.base.Algorithm.nfe`). Checkpoints carry every RNG stream (:mod:`algorithms.rng`), so
+(see :meth:`vgrpo_lib.algorithms.base.Algorithm.nfe`). Checkpoints carry every RNG stream (:mod:`vgrpo_lib.algorithms.rng`), so
 ``resume`` continues exactly; a run holds its run directory's lock while it trains
-(:class:`algorithms.run_dir.RunDir`). How it executes lives in modules of their own: the processes
-(:mod:`algorithms.strategy`), the precision (:mod:`algorithms.precision`), the gradient steps with their
-micro-batches and divergence checks (:mod:`algorithms.gradient_steps`, :mod:`algorithms.micro_batches`), the reward
-calls and retries (:mod:`algorithms.scoring`), evaluation (:mod:`algorithms.evaluation`), plots
-(:mod:`algorithms.plots`) and loggers (:mod:`algorithms.run_logging`).
+(:class:`vgrpo_lib.algorithms.run_dir.RunDir`). How it executes lives in modules of their own: the processes
+(:mod:`vgrpo_lib.algorithms.strategy`), the precision (:mod:`vgrpo_lib.algorithms.precision`), the gradient steps with their
+micro-batches and divergence checks (:mod:`vgrpo_lib.algorithms.gradient_steps`, :mod:`vgrpo_lib.algorithms.micro_batches`), the reward
+calls and retries (:mod:`vgrpo_lib.algorithms.scoring`), evaluation (:mod:`vgrpo_lib.algorithms.evaluation`), plots
+(:mod:`vgrpo_lib.algorithms.plots`) and loggers (:mod:`vgrpo_lib.algorithms.run_logging`).
 """
 
 from __future__ import annotations
@@ -26,25 +26,25 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from algorithms.config import TrainConfig, schedule_targets
-from algorithms.costs import PhaseClock
-from algorithms.evaluation import evaluate_policy
-from algorithms.gradient_steps import GradientSteps
-from algorithms.micro_batches import accumulate_gradients
-from algorithms.plots import plot_run
-from algorithms.policies import WeightEMA
-from algorithms.precision import autocast
-from algorithms.registry import ALGORITHM_CLASSES
-from algorithms.rng import rng_state, seed_everything, set_rng_state
-from algorithms.run_dir import RunDir, new_run_id
-from algorithms.run_logging import RunLogger, resolve_backend
-from algorithms.scoring import (  # noqa: F401 (RewardError, check_reward: public here too)
+from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
+from vgrpo_lib.algorithms.costs import PhaseClock
+from vgrpo_lib.algorithms.evaluation import evaluate_policy
+from vgrpo_lib.algorithms.gradient_steps import GradientSteps
+from vgrpo_lib.algorithms.micro_batches import accumulate_gradients
+from vgrpo_lib.algorithms.plots import plot_run
+from vgrpo_lib.algorithms.policies import WeightEMA
+from vgrpo_lib.algorithms.precision import autocast
+from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
+from vgrpo_lib.algorithms.rng import rng_state, seed_everything, set_rng_state
+from vgrpo_lib.algorithms.run_dir import RunDir, new_run_id
+from vgrpo_lib.algorithms.run_logging import RunLogger, resolve_backend
+from vgrpo_lib.algorithms.scoring import (  # noqa: F401 (RewardError, check_reward: public here too)
     RewardError, call_reward, check_finite_images, check_reward, reward_parts, reward_statistics,
 )
-from algorithms.step_control import StepControl
-from algorithms.strategy import build_policies, check_split, local_prompts
-from algorithms.tasks import load_task, rollout_grid
-from integrations.distributed import (
+from vgrpo_lib.algorithms.step_control import StepControl
+from vgrpo_lib.algorithms.strategy import build_policies, check_split, local_prompts
+from vgrpo_lib.algorithms.tasks import load_task, rollout_grid
+from vgrpo_lib.integrations.distributed import (
     Shard, barrier, decided_by_main, is_sharded, load_model_state_dict, load_optimizer_state_dict, model_state_dict,
     optimizer_state_dict,
 )
@@ -153,7 +153,7 @@ class Trainer:
     # -- one iteration -----------------------------------------------------------------------------------
 
     def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
-        """Backpropagate the loss of ``minibatch`` (see :func:`algorithms.micro_batches.accumulate_gradients`)."""
+        """Backpropagate the loss of ``minibatch`` (see :func:`vgrpo_lib.algorithms.micro_batches.accumulate_gradients`)."""
         return accumulate_gradients(self.algorithm.loss, self.algorithm.policy, minibatch,
                                     self.config.optim.micro_batch_size, self.generator, self._autocast)
 
@@ -204,7 +204,7 @@ class Trainer:
     # -- evaluation, logging, checkpoints ----------------------------------------------------------------
 
     def evaluate(self) -> dict | None:
-        """Evaluate the policy (:func:`algorithms.evaluation.evaluate_policy`), record the result and write the
+        """Evaluate the policy (:func:`vgrpo_lib.algorithms.evaluation.evaluate_policy`), record the result and write the
         sample grid (rank 0). Under FSDP2 every rank must call it (the sharded policy's forwards are collectives);
         the other ranks only take part in the sampling and return None."""
         result, images, prompts = evaluate_policy(self.task, self.policy, self.config.eval, self.iteration, self.ema,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from algorithms.base import Algorithm
+from vgrpo_lib.algorithms.base import Algorithm
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 

@@ -24,9 +24,9 @@ import json
 import statistics
 from pathlib import Path
 
-from algorithms.cli import build_config
-from algorithms.run_dir import atomic_write_text
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.run_dir import atomic_write_text
+from vgrpo_lib.algorithms.trainer import Trainer
 
 NAIVE = ["vgrpo.sharing=none", "vgrpo.timesteps=uniform", "vgrpo.weighting=v"]
 BASE = ["vgrpo.ref_kl_coef=none", "optim.lr=3e-4", "eval.every=0"]

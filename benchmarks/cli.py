@@ -1,4 +1,4 @@
-"""The ``vgrpo`` console command: the training commands of :mod:`algorithms.cli` plus the benchmarks.
+"""The ``vgrpo`` console command: the training commands of :mod:`vgrpo_lib.algorithms.cli` plus the benchmarks.
 
     vgrpo compare [--preset mnist-sd3] [--quick] [--seeds N] [--task digit] [--variants A B ...] --out DIR
                                                                       the controlled comparison
@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import sys
 
-from algorithms import cli as training_cli
-from algorithms.presets import PIPELINES
-from benchmarks.compare import SELECTIONS
+from vgrpo_lib.algorithms import cli as training_cli
+from vgrpo_lib.algorithms.presets import PIPELINES
+from vgrpo_lib.benchmarks.compare import SELECTIONS
 
 __all__ = ["main"]
 
 
 def _compare(args) -> int:
-    from benchmarks.compare import run_compare
+    from vgrpo_lib.benchmarks.compare import run_compare
 
     kwargs = {} if args.variants is None else {"variants": tuple(args.variants)}
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
@@ -35,14 +35,14 @@ def _compare(args) -> int:
 
 
 def _estimators(args) -> int:
-    from benchmarks.estimator_lab import run_lab
+    from vgrpo_lib.benchmarks.estimator_lab import run_lab
 
     run_lab(args.out, quick=args.quick, task=args.task, preset=args.preset, overrides=args.overrides)
     return 0
 
 
 def _ablations(args) -> int:
-    from benchmarks.ablations import markdown, run_ablations
+    from vgrpo_lib.benchmarks.ablations import markdown, run_ablations
 
     report = run_ablations(args.out, which=args.set, seeds=args.seeds, quick=args.quick, task=args.task, cells=args.cells,
                            preset=args.preset, overrides=args.overrides)
@@ -63,7 +63,7 @@ def make_parser():
     compare.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model to compare on")
     compare.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
     compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
-    compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (benchmarks.compare.VARIANTS)")
+    compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (vgrpo_lib.benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
     compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
     compare.add_argument("--select", choices=tuple(SELECTIONS), default="training",

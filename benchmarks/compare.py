@@ -23,7 +23,7 @@ reward, group size and iteration budget, under a protocol that favours no algori
    against ``REFERENCE`` (V-GRPO), the ratio of medians with a bootstrap 90% interval (seeds resampled within each
    algorithm). ``protocol.json`` records which target selected (``selection``).
 
-Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`algorithms.trainer`);
+Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`vgrpo_lib.algorithms.trainer`);
 time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes
 ``DIR/protocol.json``, ``DIR/summary.json``, ``DIR/summary.md``, reward plots against wall-clock, NFE and gradient
 steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
@@ -47,11 +47,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from algorithms.cli import build_config
-from algorithms.costs import ITERATION_PHASES
-from algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS
-from algorithms.run_dir import RunDir, atomic_write_text, pyplot, save_figure
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS
+from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, pyplot, save_figure
+from vgrpo_lib.algorithms.trainer import Trainer
 
 TUNING_SEED = 100
 MIN_SEEDS = 5

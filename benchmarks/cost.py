@@ -6,8 +6,8 @@ real trainer; the per-phase seconds are medians over iterations. NFE is model ev
 iteration as the trainer counts it (paper accounting for V-GRPO: rollout steps + K without grad, unless
 single-step, + K with grad per gradient step).
 
-    python -m benchmarks.cost --out results/cost.json
-    python -m benchmarks.cost --task pair --phases-only --out results/cost-pair.json   # the per-phase split on a task
+    python -m vgrpo_lib.benchmarks.cost --out results/cost.json
+    python -m vgrpo_lib.benchmarks.cost --task pair --phases-only --out results/cost-pair.json   # the per-phase split on a task
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from algorithms.cli import build_config
-from algorithms.costs import ITERATION_PHASES
-from algorithms.run_dir import atomic_write_text
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.algorithms.run_dir import atomic_write_text
+from vgrpo_lib.algorithms.trainer import Trainer
 
 ITERATIONS = 4
 QUIET_EVAL = ["eval.per_prompt=1", "eval.num_steps=2", "eval.every=0"]

@@ -3,7 +3,7 @@
 For each estimator configuration (``ESTIMATORS``) on the testbed's base policy and one rollout of B prompts x
 G samples with their real rewards and advantages, over R independent draws of timestep-noise pairs:
 
-- ``cv``, ``within_group_cv``, ``mc_noise_share``, ``rank_agreement`` (see :mod:`benchmarks.estimator_stats`);
+- ``cv``, ``within_group_cv``, ``mc_noise_share``, ``rank_agreement`` (see :mod:`vgrpo_lib.benchmarks.estimator_stats`);
 - ``log_ratio_variance``: variance over draws of ``s_theta' - s_theta`` between the policy and a nearby one
   (one small gradient step away), with common pairs: what the importance ratio sees; ``log_ratio_mean_abs`` the
   size of that log-ratio (mean over samples of its mean over draws, absolute) and ``log_ratio_relative_variance``
@@ -18,7 +18,7 @@ The configurations marked "(ours)" go beyond the paper, at equal NFE: an importa
 from a pilot on the same rollout (:func:`pilot_importance_density`) and antithetic noise couples
 (``ELBOSurrogate(noise="antithetic")``), alone and together.
 
-Plus a ground-truth check (:mod:`benchmarks.ground_truth`): on a 2-D model whose exact log-likelihood is
+Plus a ground-truth check (:mod:`vgrpo_lib.benchmarks.ground_truth`): on a 2-D model whose exact log-likelihood is
 computable, the rank correlation of each estimator's log-ratio with the exact one.
 
 Writes ``OUT/estimators.json`` (``{"estimators": {name: {...}}, "setup": {...}, "ground_truth": {...}}``) and
@@ -35,18 +35,18 @@ from pathlib import Path
 
 import torch
 
-from algorithms.cli import build_config
-from algorithms.config import TrainConfig
-from algorithms.run_dir import atomic_write_text, pyplot, save_figure
-from algorithms.tasks import load_task, repeat_each, rollout_grid
-from benchmarks.estimator_stats import (
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.run_dir import atomic_write_text, pyplot, save_figure
+from vgrpo_lib.algorithms.tasks import load_task, repeat_each, rollout_grid
+from vgrpo_lib.benchmarks.estimator_stats import (
     coefficient_of_variation,
     gradient_agreement,
     mc_noise_share,
     within_group_cv,
     within_group_rank_agreement,
 )
-from benchmarks.ground_truth import ground_truth_check
+from vgrpo_lib.benchmarks.ground_truth import ground_truth_check
 from vgrpo_lib import ELBOSurrogate, GroupAdvantage
 from vgrpo_lib.samplers import sample_ode
 from vgrpo_lib.timesteps import Uniform, variance_optimal_density
@@ -78,7 +78,7 @@ QUICK = ("naive", "vgrpo", "vgrpo_without_sharing", "vgrpo_without_stratified", 
 
 
 def rollout(config: TrainConfig, prompts: int, group_size: int, steps: int, seed: int):
-    """One CFG-free rollout of the base policy of ``config``'s task (any task of :mod:`algorithms.tasks`: the
+    """One CFG-free rollout of the base policy of ``config``'s task (any task of :mod:`vgrpo_lib.algorithms.tasks`: the
     testbed's or a pipeline's) on its rollout grid, with rewards and group advantages."""
     task = load_task(config.task, config.model)
     policy = task.load_policy()

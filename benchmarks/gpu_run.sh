@@ -6,7 +6,7 @@
 #   benchmarks/gpu_run.sh --cpu OUT_DIR      the same steps at toy size on the CPU (what the test runs)
 #
 # OUT_DIR/environment.json   torch / CUDA versions and the device name
-# OUT_DIR/gpu_timing.json    python -m benchmarks.gpu_timing (SD3.5-M config, bf16, LoRA r=32, 1024 px)
+# OUT_DIR/gpu_timing.json    python -m vgrpo_lib.benchmarks.gpu_timing (SD3.5-M config, bf16, LoRA r=32, 1024 px)
 # OUT_DIR/gpu_timing.txt     its printed report
 # OUT_DIR/mnist_sd3_vgrpo/   the run directory of `vgrpo train --preset mnist-sd3 --algo vgrpo` (config.json,
 #                            metrics.csv with seconds per iteration and the per-phase split, eval.jsonl)
@@ -27,12 +27,12 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $mode == cuda ]]; then
-  timing=(python -m benchmarks.gpu_timing --out "$out/gpu_timing.json")
-  train=(python -m benchmarks.cli train --preset mnist-sd3 --algo vgrpo --out "$out/mnist_sd3_vgrpo" model.device=cuda "$@")
+  timing=(python -m vgrpo_lib.benchmarks.gpu_timing --out "$out/gpu_timing.json")
+  train=(python -m vgrpo_lib.benchmarks.cli train --preset mnist-sd3 --algo vgrpo --out "$out/mnist_sd3_vgrpo" model.device=cuda "$@")
 else
-  timing=(python -m benchmarks.gpu_timing --tiny --steps 4 --sde-steps 3 --repeats 1 --lora-rank 4
+  timing=(python -m vgrpo_lib.benchmarks.gpu_timing --tiny --steps 4 --sde-steps 3 --repeats 1 --lora-rank 4
           --out "$out/gpu_timing.json")
-  train=(python -m benchmarks.cli train --preset mnist-sd3 --algo vgrpo --out "$out/mnist_sd3_vgrpo" model.device=cpu
+  train=(python -m vgrpo_lib.benchmarks.cli train --preset mnist-sd3 --algo vgrpo --out "$out/mnist_sd3_vgrpo" model.device=cpu
          iterations=1 prompts_per_iteration=2 group_size=2 rollout.num_steps=2 eval.num_steps=2 eval.per_prompt=1
          "$@")
 fi

@@ -1,12 +1,12 @@
 """Seconds per iteration and model FLOP utilisation of V-GRPO and Flow-GRPO at SD3.5-Medium scale on one GPU.
 
-    python -m benchmarks.gpu_timing                      # one H200: SD3.5-M-size transformer, bf16, 1024 px
-    python -m benchmarks.gpu_timing --tiny               # the same code path on the CPU with a tiny config (a test)
-    python -m benchmarks.gpu_timing --resolution 512 --micro-batch 4 --out timing.json
+    python -m vgrpo_lib.benchmarks.gpu_timing                      # one H200: SD3.5-M-size transformer, bf16, 1024 px
+    python -m vgrpo_lib.benchmarks.gpu_timing --tiny               # the same code path on the CPU with a tiny config (a test)
+    python -m vgrpo_lib.benchmarks.gpu_timing --resolution 512 --micro-batch 4 --out timing.json
 
 No weights are needed: the transformer is randomly initialised with the published SD3.5-Medium config
 (``SD35_MEDIUM_TRANSFORMER``), in bf16 with a trainable fp32 LoRA adapter (r=32, alpha=64, the paper's) under
-bf16 autocast, exactly as :mod:`integrations.diffusers_adapters` trains it; the prompt embeddings are random
+bf16 autocast, exactly as :mod:`vgrpo_lib.integrations.diffusers_adapters` trains it; the prompt embeddings are random
 tensors of the real shapes (77 CLIP + 256 T5 tokens x 4096, pooled 2048). What is timed, per sample:
 
 - rollout: ``--steps`` ODE steps without grad (paper: 40 for SD3.5-M), from a few timed steps;
@@ -59,7 +59,7 @@ def build_model(tiny: bool, device: torch.device, lora_rank: int, gradient_check
     """A randomly initialised SD3.5-M-size (or tiny) transformer as a LoRA-trained protocol model."""
     from diffusers import SD3Transformer2DModel
 
-    from integrations.diffusers_adapters import SD3Velocity, add_lora, upcast_trainable_parameters
+    from vgrpo_lib.integrations.diffusers_adapters import SD3Velocity, add_lora, upcast_trainable_parameters
 
     torch.manual_seed(0)
     config = TINY_TRANSFORMER if tiny else SD35_MEDIUM_TRANSFORMER

@@ -15,7 +15,7 @@ the estimated log-ratio relative to its own size (``log_ratio_relative_variance`
 over samples, divided by the square of the mean over samples of its absolute mean over draws; as in the
 estimator lab, since the weightings' surrogates differ in scale from each other and from the exact log-ratio).
 
-    python -m benchmarks.ground_truth --seeds 0 1 2 --dims 2 16 --out results/ground_truth/ground_truth.json
+    python -m vgrpo_lib.benchmarks.ground_truth --seeds 0 1 2 --dims 2 16 --out results/ground_truth/ground_truth.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.estimator_stats import spearman
+from vgrpo_lib.benchmarks.estimator_stats import spearman
 from vgrpo_lib import ELBOSurrogate
 from vgrpo_lib.samplers import sample_ode, time_grid
 
@@ -169,13 +169,13 @@ def main() -> None:
     import argparse
     import json
 
-    from algorithms.run_dir import atomic_write_text
-    from benchmarks.estimator_lab import ESTIMATORS, PILOT
+    from vgrpo_lib.algorithms.run_dir import atomic_write_text
+    from vgrpo_lib.benchmarks.estimator_lab import ESTIMATORS, PILOT
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--dims", type=int, nargs="+", default=[2])
-    parser.add_argument("--estimators", nargs="+", default=None, help="names from benchmarks.estimator_lab.ESTIMATORS")
+    parser.add_argument("--estimators", nargs="+", default=None, help="names from vgrpo_lib.benchmarks.estimator_lab.ESTIMATORS")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     names = args.estimators or [n for n, c in ESTIMATORS.items() if c["timesteps"] != PILOT]

@@ -5,7 +5,7 @@ K = 4, stratified group-shared pairs, adaptive x-prediction weighting, clipped r
 The two are interleaved in one process (A, B, A, B, ...) so that machine noise hits both alike; the figure
 is the median of per-round time ratios (library / hand-written). Target: <= 1.05.
 
-    python -m benchmarks.overhead [--rounds 30] [--json OUT.json]
+    python -m vgrpo_lib.benchmarks.overhead [--rounds 30] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import torch
 from tensordict import TensorDict
 
-from integrations.testbed.models import VelocityMLP
+from vgrpo_lib.integrations.testbed.models import VelocityMLP
 from vgrpo_lib import ELBOSurrogate, VGRPOLoss
 
 BATCH, PAIRS, GROUP = 64, 4, 8

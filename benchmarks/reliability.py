@@ -9,7 +9,7 @@ run finishes. The figure is whether its final checkpoint (policy, optimizer stat
 global torch and Python RNGs) and every metrics row equal the uninterrupted run's (:func:`run_differences`), with
 where each kill landed (return code, the newest checkpoint then, leftover temporary files).
 
-    python -m benchmarks.reliability [--kills 10] [--seed 0] [--json OUT.json]
+    python -m vgrpo_lib.benchmarks.reliability [--kills 10] [--seed 0] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from algorithms.run_dir import RunDir, read_csv
+from vgrpo_lib.algorithms.run_dir import RunDir, read_csv
 
 REPO = Path(__file__).resolve().parents[1]
 # The tiny testbed run of the kill tests (tests/algorithms/conftest.py TINY): 8x8 digits, 4 prompts x 4 images.
@@ -39,7 +39,7 @@ WAIT_S = 900
 
 def train_command(out: Path, args: list[str], resume: bool = False) -> list[str]:
     """``vgrpo train`` of ``args`` into ``out`` (V-GRPO), or its ``--resume``."""
-    base = [sys.executable, "-m", "algorithms.cli", "train", "--out", str(out)]
+    base = [sys.executable, "-m", "vgrpo_lib.algorithms.cli", "train", "--out", str(out)]
     return base + ["--resume"] if resume else base + ["--algo", "vgrpo", *args]
 
 

@@ -10,7 +10,7 @@ The task's shipped base policy is used when its checkpoint exists; otherwise a s
 ``VelocityMLP`` of the same default architecture stands in (the cost of an iteration does not depend on the
 weights), and the JSON says so.
 
-    python -m benchmarks.scaling [--task digit] [--algo vgrpo] [--processes 1 2] [--iterations 5] [--out FILE]
+    python -m vgrpo_lib.benchmarks.scaling [--task digit] [--algo vgrpo] [--processes 1 2] [--iterations 5] [--out FILE]
                                  [key=value ...]       (e.g. distributed.strategy=fsdp2)
 """
 
@@ -28,19 +28,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from algorithms.cli import build_config
-from algorithms.costs import ITERATION_PHASES
-from algorithms.run_dir import atomic_write_text
-from algorithms.trainer import Trainer
-from integrations.distributed import shutdown
-from integrations.testbed.checkpoints import CHECKPOINT_DIR
-from integrations.testbed.tasks import Task, get_task
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.algorithms.run_dir import atomic_write_text
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.distributed import shutdown
+from vgrpo_lib.integrations.testbed.checkpoints import CHECKPOINT_DIR
+from vgrpo_lib.integrations.testbed.tasks import Task, get_task
 
 WARMUP = 1
 
 
 def _random_policy(self: Task) -> torch.nn.Module:
-    from integrations.testbed.models import VelocityMLP
+    from vgrpo_lib.integrations.testbed.models import VelocityMLP
 
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from integrations.atomic import atomic_write_bytes
+from vgrpo_lib.integrations.atomic import atomic_write_bytes
 
 
 def pyplot():

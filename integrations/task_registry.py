@@ -1,6 +1,6 @@
 """Every task the trainer knows by name: what it is and how it is built.
 
-    from integrations.task_registry import build_task, task_names
+    from vgrpo_lib.integrations.task_registry import build_task, task_names
 
     task_names()                                      # ['digit', ..., 'mnist-sd3/digit', 'mnist-sd3/ocr', 'sd3.5-medium', ...]
     build_task("digit")                               # an embedded-testbed task (the MLP policy)
@@ -8,10 +8,10 @@
 
 Three kinds of entries:
 
-- the embedded testbed's tasks (:data:`integrations.testbed.tasks.TASKS`), which ignore the model settings;
-- the hub models ``sd3.5-medium`` and ``flux.1-dev`` (:func:`integrations.diffusers_adapters.task.hub_task`);
+- the embedded testbed's tasks (:data:`vgrpo_lib.integrations.testbed.tasks.TASKS`), which ignore the model settings;
+- the hub models ``sd3.5-medium`` and ``flux.1-dev`` (:func:`vgrpo_lib.integrations.diffusers_adapters.task.hub_task`);
 - ``<pipeline>/<task>``: a task of a hub-path pipeline that brings its own prompts, reward and judge
-  (``mnist-sd3/digit``, ``mnist-sd3/ocr``: :mod:`integrations.testbed.mnist_sd3_tasks`). The part after the
+  (``mnist-sd3/digit``, ``mnist-sd3/ocr``: :mod:`vgrpo_lib.integrations.testbed.mnist_sd3_tasks`). The part after the
   slash is what ``--task`` names under ``--preset <pipeline>``, so ``--preset mnist-sd3 --task digit`` is
   ``mnist-sd3/digit`` and never the MLP testbed's ``digit``.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from integrations.rewards.loading import MissingWeightsError  # what the CLI reports as one line: a missing install
+from vgrpo_lib.integrations.rewards.loading import MissingWeightsError  # what the CLI reports as one line: a missing install
 
 __all__ = ["TaskEntry", "TASK_ENTRIES", "build_task", "resolve_task_name", "task_names"]
 
@@ -40,7 +40,7 @@ class TaskEntry:
 
 def _testbed(name: str) -> Callable[[dict], object]:
     def build(settings: dict):
-        from integrations.testbed.tasks import get_task
+        from vgrpo_lib.integrations.testbed.tasks import get_task
 
         return get_task(name)
 
@@ -50,7 +50,7 @@ def _testbed(name: str) -> Callable[[dict], object]:
 def _hub(name: str) -> Callable[[dict], object]:
     def build(settings: dict):
         try:
-            from integrations.diffusers_adapters.task import hub_task
+            from vgrpo_lib.integrations.diffusers_adapters.task import hub_task
         except ImportError as error:
             raise MissingWeightsError(
                 f"Task {name!r} needs the diffusers integration, which cannot be imported ({error}). Install "
@@ -64,7 +64,7 @@ def _hub(name: str) -> Callable[[dict], object]:
 def _mnist_sd3(kind: str) -> Callable[[dict], object]:
     def build(settings: dict):
         try:
-            from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+            from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
         except ImportError as error:
             raise MissingWeightsError(f"Task 'mnist-sd3/{kind}' needs diffusers, transformers and peft ({error}).") from error
         return mnist_sd3_task(kind, **settings)
@@ -73,7 +73,7 @@ def _mnist_sd3(kind: str) -> Callable[[dict], object]:
 
 
 def _entries() -> dict[str, TaskEntry]:
-    from integrations.testbed.tasks import TASKS
+    from vgrpo_lib.integrations.testbed.tasks import TASKS
 
     entries = [TaskEntry(name, task.description, _testbed(name)) for name, task in TASKS.items()]
     entries += [

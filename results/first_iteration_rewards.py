@@ -8,8 +8,8 @@ SDE window) scores higher than the ODE rollout at the same weights needs less ga
 import statistics
 from pathlib import Path
 
-from algorithms.run_dir import RunDir
-from benchmarks.compare import TUNING_SEED
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.benchmarks.compare import TUNING_SEED
 
 RESULTS = Path(__file__).parent
 for comparison in sorted(p.parent for p in RESULTS.glob("*/runs")):

@@ -1,5 +1,5 @@
 """Would selecting each algorithm's setting by the held-out target have chosen differently? The protocol selects
-on the tuning seed by the training-reward target (``benchmarks.compare.selection_key``, ``by="training"``); the
+on the tuning seed by the training-reward target (``vgrpo_lib.benchmarks.compare.selection_key``, ``by="training"``); the
 training reward is scored on each algorithm's own rollout, which is not neutral between samplers
 (``first_iteration_rewards.txt``), while the held-out evaluation is one ODE sampler for all. This reads every kept
 comparison's tuning results (``summary.json``: one row per setting, no training) and prints, per algorithm, the
@@ -11,7 +11,7 @@ reward there. A comparison whose choices all agree would report the same runs un
 import json
 from pathlib import Path
 
-from benchmarks.compare import selection_key
+from vgrpo_lib.benchmarks.compare import selection_key
 
 RESULTS = Path(__file__).parent
 

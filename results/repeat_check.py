@@ -19,8 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from algorithms.run_dir import RunDir
-from benchmarks.compare import run_name
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.benchmarks.compare import run_name
 
 folder = Path(sys.argv[1])
 earlier, now = json.loads(Path(sys.argv[2]).read_text()), json.loads((folder / "summary.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 import vgrpo_lib
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("vgrpo_lib", "algorithms")
+PACKAGES = ("vgrpo_lib", "vgrpo_lib.algorithms")
 
 
 def public_modules():

@@ -183,7 +183,7 @@ class AdapterView:
 
 class AdapterBehaviour(AdapterView):
     """The behaviour policy as the second, frozen LoRA adapter ``"old"`` of the trained policy's transformer
-    (:class:`algorithms.policies.BehaviourPolicy`): DiffusionNFT's old policy without a second transformer.
+    (:class:`vgrpo_lib.algorithms.policies.BehaviourPolicy`): DiffusionNFT's old policy without a second transformer.
 
     Made as a copy of the trained adapter; ``update_(decay)`` is the soft update :func:`ema_adapter`; its state
     dict holds the old adapter's LoRA weights only. Under FSDP2 the adapter is sharded with the transformer, so

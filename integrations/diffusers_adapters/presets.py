@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from integrations.rewards.loading import load_weights, resolve_local_files_only
+from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .flux import FluxVelocity, encode_prompts_flux
 from .latents import decode_latents, latent_shape, vae_scale_factor

@@ -1,7 +1,7 @@
-"""SD3 / FLUX text-to-image training as a trainer task (the protocol in :mod:`algorithms.tasks`).
+"""SD3 / FLUX text-to-image training as a trainer task (the protocol in :mod:`vgrpo_lib.algorithms.tasks`).
 
-    from integrations.diffusers_adapters import load_sd35_medium
-    from integrations.diffusers_adapters.task import DiffusersTask
+    from vgrpo_lib.integrations.diffusers_adapters import load_sd35_medium
+    from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask
 
     base = load_sd35_medium(device="cuda", lora_rank=None)        # frozen pipeline, no adapter yet
     task = DiffusersTask(base, prompts="prompts.txt", reward="pickscore", image_size=512)
@@ -23,7 +23,7 @@ What is trained and saved. Only the LoRA parameters of the adapter ``"default"``
 ``policy.state_dict()`` holds only them (a few MB to ~100 MB instead of the 5 GB SD3.5-M / 24 GB FLUX
 transformer), so the trainer's checkpoints stay small; ``load_state_dict`` loads them back and still
 reports missing or unexpected LoRA keys. The reference policy is the same transformer with its adapters
-switched off (:class:`integrations.diffusers_adapters.AdapterView`), not a copy.
+switched off (:class:`vgrpo_lib.integrations.diffusers_adapters.AdapterView`), not a copy.
 
 Known costs and differences (documented, not hidden):
 
@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from integrations.figures import prompt_rows, write_labelled_grid
-from integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
+from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 
 from .flux import encode_prompts_flux
 from .lora import TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters
@@ -130,7 +130,7 @@ def read_prompts(source: str | os.PathLike | Sequence[str]) -> list[str]:
 
 
 class TotalReward(nn.Module):
-    """A :class:`integrations.rewards.MultiReward` as a plain ``(B,)`` reward: its weighted sum ``total``.
+    """A :class:`vgrpo_lib.integrations.rewards.MultiReward` as a plain ``(B,)`` reward: its weighted sum ``total``.
 
     ``stack(images, prompts)`` gives the raw scores ``(B, R)`` in ``names`` order with ``weights`` ``(R,)`` (the
     trainer normalises them as ``advantage.multi_reward`` says), ``components`` the same as ``{name: (B,)}``.
@@ -166,7 +166,7 @@ def make_reward(spec: str | Mapping[str, float] | Callable) -> Callable:
     ``{"pickscore": 1.0, "ocr": 0.5}`` (a :class:`MultiReward`, trained on its weighted sum), or any callable
     (returned unchanged).
     """
-    from integrations.rewards import MultiReward, get_reward
+    from vgrpo_lib.integrations.rewards import MultiReward, get_reward
 
     if callable(spec) and not isinstance(spec, str):
         return spec
@@ -347,7 +347,7 @@ class DiffusersTask:
     def evaluate(self, images: torch.Tensor, prompts: Sequence[str]) -> dict:
         """``reward_mean`` / ``reward_std`` (and ``reward/<name>`` for a weighted reward), ``diversity`` (mean
         pairwise RMS pixel distance between images of the same prompt) and the task's own ``metrics``."""
-        from integrations.testbed.evaluation import diversity
+        from vgrpo_lib.integrations.testbed.evaluation import diversity
 
         reward = self.reward()
         scored = reward.multi(images, prompts) if isinstance(reward, TotalReward) else None  # each reward once
@@ -411,7 +411,7 @@ class HubModel:
 
 
 def _mnist_sd3_dir() -> str:
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
     return str(PIPELINE_DIR)
 
@@ -422,7 +422,7 @@ HUB_MODELS = {
     # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
     # The project's own StableDiffusion3Pipeline trained on MNIST, shipped in the repository (its tasks set the
-    # image size per task: integrations.testbed.mnist_sd3_tasks).
+    # image size per task: vgrpo_lib.integrations.testbed.mnist_sd3_tasks).
     "mnist-sd3": HubModel(_mnist_sd3_dir(), "sd3", 32),
 }
 
@@ -447,14 +447,14 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
              metrics: Callable | None = None, label: Callable | None = None,
              evaluation_metrics: Mapping[str, str] | None = None) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
-    see :class:`algorithms.config.ModelConfig`, gives the keyword arguments).
+    see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
     ``path``: a local diffusers pipeline directory or hub id (default: the model's, looked up as a directory or
     in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
     GPU, the CPU without CUDA. ``gradient_checkpointing``: default on with CUDA. ``image_size``: default the
     model's (512 SD3.5-M, 720 FLUX.1-dev). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
-    zero tokens instead, see :func:`integrations.diffusers_adapters.presets.load_policy`). The other arguments are
+    zero tokens instead, see :func:`vgrpo_lib.integrations.diffusers_adapters.presets.load_policy`). The other arguments are
     :class:`DiffusersTask`'s.
 
     Raises ``MissingWeightsError`` (a ``RuntimeError``) when the pipeline is neither at ``path`` nor in the Hugging

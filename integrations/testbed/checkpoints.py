@@ -7,7 +7,7 @@ A checkpoint ``NAME`` is two files in ``integrations/testbed/checkpoints/``:
   and the model card (data, steps, seed, wall time, measured metrics).
 
 ``load_pretrained(NAME)`` rebuilds the model in float32 and eval mode. Written by
-``python -m integrations.testbed.pretrain``.
+``python -m vgrpo_lib.integrations.testbed.pretrain``.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from integrations.atomic import atomic_write
-from integrations.testbed.models import build_model
+from vgrpo_lib.integrations.atomic import atomic_write
+from vgrpo_lib.integrations.testbed.models import build_model
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 POLICY_NAMES = ("digit_policy", "pair_policy", "digits8_policy")
 DETECTOR_NAMES = ("digit_detector", "digit_detector_judge")
-"""GenEval-on-digits detectors, written by ``python -m integrations.testbed.geneval_digits.train_detector``."""
+"""GenEval-on-digits detectors, written by ``python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector``."""
 FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge") + DETECTOR_NAMES
 CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
 
@@ -55,7 +55,7 @@ def read_card(name: str, directory: Path = CHECKPOINT_DIR) -> dict:
     if not path.exists():
         script = "geneval_digits.train_detector" if name in DETECTOR_NAMES else "pretrain"
         raise FileNotFoundError(
-            f"checkpoint {name!r} is missing ({path}); build it with `python -m integrations.testbed.{script} {name}`"
+            f"checkpoint {name!r} is missing ({path}); build it with `python -m vgrpo_lib.integrations.testbed.{script} {name}`"
         )
     with open(path) as fh:
         return json.load(fh)

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from integrations.atomic import atomic_write
-from integrations.figures import pyplot, tile
-from integrations.testbed.rewards import WeightedReward, slot_logits
+from vgrpo_lib.integrations.atomic import atomic_write
+from vgrpo_lib.integrations.figures import pyplot, tile
+from vgrpo_lib.integrations.testbed.rewards import WeightedReward, slot_logits
 
 if TYPE_CHECKING:
-    from integrations.testbed.tasks import Task
+    from vgrpo_lib.integrations.testbed.tasks import Task
 
 
 def _prompt_key(row: torch.Tensor) -> str:

@@ -196,7 +196,7 @@ MODEL_KINDS: dict[str, type[nn.Module]] = {
 }
 
 
-_MODULE_OF_KIND = {"DigitDetector": "integrations.testbed.geneval_digits.detector"}
+_MODULE_OF_KIND = {"DigitDetector": "vgrpo_lib.integrations.testbed.geneval_digits.detector"}
 """Kinds defined outside this module, imported on first use (they import the testbed themselves)."""
 
 

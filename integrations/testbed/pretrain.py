@@ -1,21 +1,21 @@
 """Train and write the shipped testbed checkpoints.
 
-    python -m integrations.testbed.pretrain {digit_policy,pair_policy,digits8_policy,
+    python -m vgrpo_lib.integrations.testbed.pretrain {digit_policy,pair_policy,digits8_policy,
                                              classifier,judge,digits8_classifier,digits8_judge,all} ...
-    python -m integrations.testbed.pretrain mnist_sd3
+    python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3
 
 Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safetensors`` and
-``checkpoints/NAME.json`` (see :mod:`integrations.testbed.checkpoints`). Classifiers come before
+``checkpoints/NAME.json`` (see :mod:`vgrpo_lib.integrations.testbed.checkpoints`). Classifiers come before
 policies because a policy's model card reports the label accuracy of its samples as judged by the
 classifier and the judge. ``all`` trains everything (about 5 minutes on 2 shared CPU cores, most
 of it the CNN classifier; the runs are bitwise reproducible on one machine). The GenEval digit
-detectors are written by ``python -m integrations.testbed.geneval_digits.train_detector``.
+detectors are written by ``python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector``.
 
 ``mnist_sd3_geneval`` (not part of ``all``) trains the second pipeline, on GenEval's digit compositions
-(:mod:`integrations.testbed.geneval_digits.pipeline`), and writes ``checkpoints/mnist_sd3_geneval/``.
+(:mod:`vgrpo_lib.integrations.testbed.geneval_digits.pipeline`), and writes ``checkpoints/mnist_sd3_geneval/``.
 
 ``mnist_sd3`` (not part of ``all``) trains the MNIST-SD3 ``StableDiffusion3Pipeline`` and writes the folder
-``checkpoints/mnist_sd3/`` with its model card (:mod:`integrations.testbed.mnist_sd3.train`; about 20 minutes at
+``checkpoints/mnist_sd3/`` with its model card (:mod:`vgrpo_lib.integrations.testbed.mnist_sd3.train`; about 20 minutes at
 two torch threads on two cores, after ``classifier``, whose readings the card reports).
 
 The policies are pretrained with the core library's own loss (``vgrpo_lib.elbo.ELBOSurrogate``
@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from integrations.testbed.checkpoints import save_checkpoint
-from integrations.testbed.data import load_digits8, load_mnist, make_pairs, to_model_space
-from integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP
-from integrations.testbed.sampling import sample_images
-from integrations.testbed.tasks import get_task
+from vgrpo_lib.integrations.testbed.checkpoints import save_checkpoint
+from vgrpo_lib.integrations.testbed.data import load_digits8, load_mnist, make_pairs, to_model_space
+from vgrpo_lib.integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP
+from vgrpo_lib.integrations.testbed.sampling import sample_images
+from vgrpo_lib.integrations.testbed.tasks import get_task
 from vgrpo_lib.elbo import ELBOSurrogate
 
 NUM_THREADS = 2
@@ -251,8 +251,8 @@ def pretrain_policy(name: str) -> dict:
 
 
 PIPELINES = {
-    "mnist_sd3": ("integrations.testbed.mnist_sd3.train", "pretrain_mnist_sd3"),
-    "mnist_sd3_geneval": ("integrations.testbed.geneval_digits.pipeline", "pretrain_geneval_pipeline"),
+    "mnist_sd3": ("vgrpo_lib.integrations.testbed.mnist_sd3.train", "pretrain_mnist_sd3"),
+    "mnist_sd3_geneval": ("vgrpo_lib.integrations.testbed.geneval_digits.pipeline", "pretrain_geneval_pipeline"),
 }
 """The shipped diffusers pipelines (not part of ``all``): name -> (module, ``f(log) -> card``), imported on use
 (they need diffusers)."""
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="+", choices=[*CLASSIFIER_RECIPES, *POLICY_RECIPES, "all", *PIPELINES],
                         help="the GenEval digit detectors have their own script: "
-                             "python -m integrations.testbed.geneval_digits.train_detector")
+                             "python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector")
     args = parser.parse_args(argv)
     # Two threads, as the shipped weights were made: each run is bitwise reproducible at that thread count (checked
     # for MNIST-SD3: results/mnist_sd3/); another count changes the order of float sums.

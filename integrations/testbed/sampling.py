@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from integrations.testbed.data import to_images
-from integrations.testbed.models import NULL_ID
+from vgrpo_lib.integrations.testbed.data import to_images
+from vgrpo_lib.integrations.testbed.models import NULL_ID
 from vgrpo_lib.samplers import classifier_free_guidance, sample_ode, time_grid
 
 

@@ -11,7 +11,7 @@
 ``digit`` is easy (every estimator solves it); ``pair`` adds composition and dimension and starts
 weak; ``style`` has small within-group reward differences; ``digit_style`` is a weighted
 multi-reward; ``digits8`` trains in seconds for end-to-end unit tests. Every task is evaluated with
-its training classifier AND an independent judge (see :mod:`integrations.testbed.evaluation`).
+its training classifier AND an independent judge (see :mod:`vgrpo_lib.integrations.testbed.evaluation`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from integrations.testbed.checkpoints import load_pretrained, save_checkpoint
-from integrations.testbed.data import to_images
-from integrations.figures import prompt_rows, write_labelled_grid
-from integrations.testbed.evaluation import evaluate
-from integrations.testbed.rewards import (
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained, save_checkpoint
+from vgrpo_lib.integrations.testbed.data import to_images
+from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
+from vgrpo_lib.integrations.testbed.evaluation import evaluate
+from vgrpo_lib.integrations.testbed.rewards import (
     DigitProbability,
     Reward,
     StrokeThickness,
     WeightedReward,
     check_images,
 )
-from integrations.testbed.sampling import null_prompts, sample_images
+from vgrpo_lib.integrations.testbed.sampling import null_prompts, sample_images
 
 
 @lru_cache(maxsize=None)
@@ -163,7 +163,7 @@ class Task:
         rebuilds. Returns the model card's facts: ``base_model`` and ``usage`` (Python code loading it)."""
         save_checkpoint(self.policy_name, policy, {"base_model": self.policy_name, "task": self.name},
                         Path(directory), dtype=torch.float32)
-        usage = ("from integrations.testbed.checkpoints import load_pretrained, save_checkpoint\n\n"
+        usage = ("from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained, save_checkpoint\n\n"
                  f"policy = load_pretrained({self.policy_name!r}, directory={str(directory)!r})")
         return {"base_model": f"the testbed's {self.policy_name} (integrations/testbed/checkpoints)", "usage": usage}
 

@@ -9,8 +9,8 @@ File times are those of the machine that ran it: a git checkout resets them, so 
 import os
 from pathlib import Path
 
-from algorithms.run_dir import compressed_path
-from benchmarks.compare import TUNING_SEED
+from vgrpo_lib.algorithms.run_dir import compressed_path
+from vgrpo_lib.benchmarks.compare import TUNING_SEED
 
 
 def finished(run: Path) -> float:

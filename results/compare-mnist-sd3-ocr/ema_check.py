@@ -9,9 +9,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from algorithms.run_dir import RunDir
-from algorithms.trainer import Trainer
-from benchmarks.compare import build, run_name, start_or_resume
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.benchmarks.compare import build, run_name, start_or_resume
 
 HERE, OUT = Path(__file__).parent, Path(sys.argv[1])
 protocol = json.loads((HERE / "protocol.json").read_text())

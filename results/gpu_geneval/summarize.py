@@ -8,7 +8,7 @@ import random
 import statistics
 from pathlib import Path
 
-from algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.run_dir import RunDir
 
 RUNS = Path(__file__).parent / "runs"
 SEEDS = range(5)

@@ -2,7 +2,7 @@
 chose for VARIANT (``results/compare-mnist-sd3-geneval/protocol.json``: tuned on seed 100 at 40 iterations, fixed
 before any reported run) unless ``--step-control`` and ``--lr`` name another of its tuning grid, seed SEED,
 ITERATIONS iterations, evaluated every 25, on ``--device`` (default cuda). Everything else is the comparison's
-config (``benchmarks.compare.build``), so a run differs from the comparison's reported run of the same seed only
+config (``vgrpo_lib.benchmarks.compare.build``), so a run differs from the comparison's reported run of the same seed only
 in its length, its evaluation interval and where it computes.
 
     python results/gpu_geneval/train_one.py VARIANT SEED ITERATIONS OUT [--step-control C --lr LR] [--device D]
@@ -11,8 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from algorithms.trainer import Trainer
-from benchmarks.compare import build
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.benchmarks.compare import build
 
 PROTOCOL = Path(__file__).parents[1] / "compare-mnist-sd3-geneval" / "protocol.json"
 EVAL_EVERY = 25

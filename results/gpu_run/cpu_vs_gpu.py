@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
 
 RUNS = {"H200": Path("results/gpu_run/mnist_sd3_vgrpo"), "2 CPU cores": Path("results/mnist-sd3/main-digit")}
 

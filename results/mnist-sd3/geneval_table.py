@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from integrations.rewards.geneval import GENEVAL_TAGS
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
 
 run = Path(sys.argv[1])
 evaluations = [json.loads(line) for line in open(run / "eval.jsonl")]

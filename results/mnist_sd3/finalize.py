@@ -9,10 +9,10 @@ whose recipe is the pilot's with ``steps=STEP``.
 import sys, json, time, torch
 torch.set_num_threads(2)
 from rapidocr_onnxruntime import RapidOCR
-from integrations.testbed.checkpoints import load_pretrained
-from integrations.testbed.mnist_sd3.build import build_pipeline
-from integrations.testbed.mnist_sd3.card import describe
-from integrations.testbed.mnist_sd3.train import VAE_RECIPE, measure, save_pipeline
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
+from vgrpo_lib.integrations.testbed.mnist_sd3.card import describe
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import VAE_RECIPE, measure, save_pipeline
 folder, step = sys.argv[1], int(sys.argv[2])
 pipe = build_pipeline(seed=0)
 state = torch.load(f"{folder}/flow_{step}.pt")

@@ -10,9 +10,9 @@ import json, os, sys, time, torch
 torch.set_num_threads(2)
 from rapidocr_onnxruntime import RapidOCR
 from diffusers.models.attention_processor import JointAttnProcessor2_0
-from integrations.testbed.checkpoints import load_pretrained
-from integrations.testbed.mnist_sd3.build import build_pipeline
-from integrations.testbed.mnist_sd3.train import (EVAL, FLOW_RECIPE, VAE_RECIPE, latent_pools, sample_accuracy,
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import (EVAL, FLOW_RECIPE, VAE_RECIPE, latent_pools, sample_accuracy,
                                                   set_latent_statistics, train_flow, train_vae)
 STEPS, SHARE, DIGIT_BATCH = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 EVAL_FROM, EVAL_EVERY = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (1000, 1000)

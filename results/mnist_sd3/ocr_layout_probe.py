@@ -1,8 +1,8 @@
 import time, torch, torch.nn.functional as F
-from integrations.testbed.data import load_mnist
-import integrations.testbed.mnist_sd3.render as R
-from integrations.testbed.mnist_sd3.prompts import number_prompts
-from integrations.rewards.simple import to_uint8_hwc
+from vgrpo_lib.integrations.testbed.data import load_mnist
+import vgrpo_lib.integrations.testbed.mnist_sd3.render as R
+from vgrpo_lib.integrations.testbed.mnist_sd3.prompts import number_prompts
+from vgrpo_lib.integrations.rewards.simple import to_uint8_hwc
 from rapidocr_onnxruntime import RapidOCR
 torch.set_num_threads(1)
 imgs, labels = load_mnist("eval")

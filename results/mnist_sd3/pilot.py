@@ -2,11 +2,11 @@
 import json, time, torch, sys
 torch.set_num_threads(2)
 from rapidocr_onnxruntime import RapidOCR
-from integrations.testbed.checkpoints import load_pretrained
-from integrations.testbed.data import load_mnist
-from integrations.testbed.mnist_sd3.build import build_pipeline
-from integrations.testbed.mnist_sd3.render import TINT_NAMES
-from integrations.testbed.mnist_sd3.train import (round_trip_accuracy, train_vae, latent_pools, set_latent_statistics,
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
+from vgrpo_lib.integrations.testbed.mnist_sd3.render import TINT_NAMES
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import (round_trip_accuracy, train_vae, latent_pools, set_latent_statistics,
     train_flow, sample_accuracy, encode_moments)
 VAE_STEPS, FLOW_STEPS = int(sys.argv[1]), int(sys.argv[2])
 clf = load_pretrained("classifier"); eng = RapidOCR()
@@ -29,7 +29,7 @@ train_vae(pipe.vae, steps=VAE_STEPS, batch_size=32, lr=2e-3, kl=1e-6, seed=100, 
 pools = latent_pools(pipe.vae, 201, 2)
 set_latent_statistics(pipe.vae, torch.cat([pools[t][0].flatten() for t in ("digit", "number")]))
 rec(stage="pools", shift=pipe.vae.config.shift_factor, scale=pipe.vae.config.scaling_factor)
-from integrations.testbed.mnist_sd3.train import MultiplicityAttnProcessor
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import MultiplicityAttnProcessor
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 def flow_cb(step, p):
     if step % 500 == 0:

@@ -11,9 +11,9 @@ torch.set_num_threads(2)
 from rapidocr_onnxruntime import RapidOCR
 from diffusers import StableDiffusion3Pipeline
 from diffusers.models.attention_processor import JointAttnProcessor2_0
-from integrations.testbed.checkpoints import load_pretrained
-from integrations.testbed.mnist_sd3.build import PIPELINE_DIR, build_pipeline
-from integrations.testbed.mnist_sd3.train import (EVAL, FLOW_RECIPE, VAE_RECIPE, latent_pools, sample_accuracy,
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR, build_pipeline
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import (EVAL, FLOW_RECIPE, VAE_RECIPE, latent_pools, sample_accuracy,
                                                   set_latent_statistics, train_flow, train_vae)
 STEPS, LR = int(sys.argv[1]), float(sys.argv[2])
 clf, eng = load_pretrained("classifier"), RapidOCR()

@@ -1,13 +1,13 @@
 """Measure a pilot snapshot of MNIST-SD3-GenEval with the card's measurement (`pipeline.measure`) and, with `save`,
 write the shipped folder from it (`save_pipeline` with this pipeline's model card): the snapshot at flow step k is
-the rebuild `python -m integrations.testbed.pretrain mnist_sd3_geneval` with FLOW_RECIPE steps=k (constant rate).
+the rebuild `python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval` with FLOW_RECIPE steps=k (constant rate).
 Usage: PYTHONPATH=. python results/mnist_sd3_geneval/finalize.py SNAPSHOTS STEP [save] [PILOT_SECONDS VAE_SECONDS]
 """
 import json, sys, time
 from pathlib import Path
 import torch
-from integrations.testbed.geneval_digits import pipeline as G
-from integrations.testbed.mnist_sd3.train import save_pipeline
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import save_pipeline
 torch.set_num_threads(2)
 snapshots, step, save = Path(sys.argv[1]), int(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "save"
 pipe = G.build_geneval_pipeline(seed=0)

@@ -3,10 +3,10 @@ detector's raw detections (score > 0.2). Usage: PYTHONPATH=. python results/mnis
 import sys, torch
 torch.set_num_threads(2)
 from pathlib import Path
-from integrations.testbed.geneval_digits import pipeline as G
-from integrations.testbed.geneval_digits.prompts import geneval_specs
-from integrations.testbed.geneval_digits.reward import geneval_digits_scorer
-from integrations.figures import write_labelled_grid
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_scorer
+from vgrpo_lib.integrations.figures import write_labelled_grid
 snap, step = Path(sys.argv[1]), int(sys.argv[2])
 pipe = G.build_geneval_pipeline(seed=0)
 vae = torch.load(snap / "vae.pt"); pipe.vae.load_state_dict(vae["vae"])

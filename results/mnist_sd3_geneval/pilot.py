@@ -9,11 +9,11 @@ import json, sys, time
 from pathlib import Path
 import torch
 from diffusers.models.attention_processor import JointAttnProcessor2_0
-from integrations.testbed.geneval_digits import pipeline as G
-from integrations.testbed.geneval_digits.compositions import compose
-from integrations.testbed.geneval_digits.prompts import geneval_specs
-from integrations.testbed.geneval_digits.reward import geneval_digits_scorer, geneval_digits_table
-from integrations.testbed.mnist_sd3.train import decode, encode_moments, train_vae
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_scorer, geneval_digits_table
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import decode, encode_moments, train_vae
 STEPS, OUT = int(sys.argv[1]), Path(sys.argv[2])
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
 OUT.mkdir(parents=True, exist_ok=True)

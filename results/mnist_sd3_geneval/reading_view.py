@@ -9,10 +9,10 @@ import functools
 
 import torch
 
-from integrations.rewards import get_reward
-from integrations.testbed.geneval_digits.compositions import compose
-from integrations.testbed.geneval_digits.prompts import geneval_specs
-from integrations.testbed.mnist_sd3_tasks import canvas_reading_view, geneval_digits_text
+from vgrpo_lib.integrations.rewards import get_reward
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import canvas_reading_view, geneval_digits_text
 
 SETS = {
     "test's 96 held-out canvases": ([s for s in geneval_specs("eval")[::4][:48] for _ in range(2)], "eval", 0),

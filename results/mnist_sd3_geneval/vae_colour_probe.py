@@ -6,12 +6,12 @@ Usage: PYTHONPATH=. python results/mnist_sd3_geneval/vae_colour_probe.py STEPS I
 import json, sys, time, torch
 import torch.nn.functional as F
 torch.set_num_threads(1)
-from integrations.testbed.geneval_digits import pipeline as G
-from integrations.testbed.geneval_digits.compositions import compose
-from integrations.testbed.geneval_digits.detector import crop_colors
-from integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs
-from integrations.testbed.mnist_sd3.build import build_vae
-from integrations.testbed.mnist_sd3.train import decode, encode_moments, optimizer_step
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose
+from vgrpo_lib.integrations.testbed.geneval_digits.detector import crop_colors
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_vae
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import decode, encode_moments, optimizer_step
 STEPS = int(sys.argv[1])
 specs = [s for s in geneval_specs("eval") if s["tag"] in ("colors", "color_attr")]
 comp = compose(specs, "eval", torch.Generator().manual_seed(0))

@@ -6,11 +6,11 @@ Usage: PYTHONPATH=. python results/mnist_sd3_geneval/vae_probe.py > results/mnis
 import json, time, torch
 torch.set_num_threads(1)
 from diffusers import StableDiffusion3Pipeline
-from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
-from integrations.testbed.mnist_sd3.train import encode_moments, decode
-from integrations.testbed.geneval_digits.compositions import compose
-from integrations.testbed.geneval_digits.prompts import geneval_specs
-from integrations.testbed.geneval_digits.reward import geneval_digits_table
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import encode_moments, decode
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_table
 pipe = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float32)
 specs = [s for s in geneval_specs("eval") for _ in range(2)]
 comp = compose(specs, "eval", torch.Generator().manual_seed(0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from algorithms.cli import build_config
+from vgrpo_lib.algorithms.cli import build_config
 
 TINY = [
     "task=digits8",
@@ -31,7 +31,7 @@ def tiny_config():
 
 def evaluation_table(text: str) -> dict[str, tuple[float, float]]:
     """``{metric: (base, trained)}`` from ``print_evaluation_table``'s rows."""
-    from algorithms.cli import EVALUATION_TABLE_KEYS
+    from vgrpo_lib.algorithms.cli import EVALUATION_TABLE_KEYS
 
     rows = [line.split() for line in text.splitlines()]
     return {row[0]: (float(row[1]), float(row[2])) for row in rows if len(row) == 3 and row[0] in EVALUATION_TABLE_KEYS}

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.cli import build_config
-from algorithms.config import ALGORITHMS, OPTIONS, AlgorithmSection, FlowGRPOConfig, TrainConfig, apply_overrides, valid_keys
-from algorithms.presets import preset_overrides
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.config import ALGORITHMS, OPTIONS, AlgorithmSection, FlowGRPOConfig, TrainConfig, apply_overrides, valid_keys
+from vgrpo_lib.algorithms.presets import preset_overrides
 
 
 def test_json_round_trip_of_an_overridden_config():
@@ -123,7 +123,7 @@ def test_an_option_the_algorithm_ignores_is_refused_naming_the_algorithms_that_u
 def test_an_algorithm_section_is_one_dataclass_and_one_field():
     """ALGORITHMS, the --algo choices and OPTIONS are read from TrainConfig's AlgorithmSection fields and the
     fields' metadata; the registry of algorithm classes covers the same names."""
-    from algorithms.registry import ALGORITHM_CLASSES
+    from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
 
     sections = [getattr(TrainConfig(), f.name) for f in fields(TrainConfig)]
     assert set(ALGORITHMS) == {a for s in sections if isinstance(s, AlgorithmSection) for a in s.algorithms}
@@ -140,7 +140,7 @@ def test_presets_apply_and_unknown_preset_is_refused():
 
 
 def test_model_and_distributed_sections_round_trip_and_parse_image_sizes():
-    from algorithms.config import parse_image_size
+    from vgrpo_lib.algorithms.config import parse_image_size
 
     config = apply_overrides(TrainConfig(), ["model.prompts=p.txt", "model.image_size=720x1280",
                                              "model.gradient_checkpointing=false", "distributed.strategy=fsdp2"])
@@ -151,7 +151,7 @@ def test_model_and_distributed_sections_round_trip_and_parse_image_sizes():
 
 
 def test_rollout_grid_is_uniform_on_the_testbed_unless_shifted():
-    from algorithms.tasks import get_task, rollout_grid
+    from vgrpo_lib.algorithms.tasks import get_task, rollout_grid
     from vgrpo_lib.samplers import time_grid
 
     task = get_task("digit")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from algorithms.cli import main as cli_main
-from algorithms.errors import EXIT_RUN_DIR
-from algorithms.export import export_run
-from algorithms.run_dir import RunDir
-from algorithms.trainer import Trainer
-from integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.errors import EXIT_RUN_DIR
+from vgrpo_lib.algorithms.export import export_run
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 
 
 def _trained(tiny_config, path, *overrides):

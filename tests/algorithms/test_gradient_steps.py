@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.trainer import Trainer
 
 TWO_STEPS_PER_EPOCH = ["iterations=1", "optim.minibatch_size=none", "optim.minibatches=2"]
 

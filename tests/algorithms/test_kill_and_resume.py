@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.run_dir import RunDir
-from benchmarks.reliability import run_differences, train_command
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.benchmarks.reliability import run_differences, train_command
 from tests.algorithms.conftest import TINY
 
 ITERATIONS = 5
@@ -30,7 +30,7 @@ def _self_killing(out: Path, trigger: str) -> list[str]:
     script = (
         "import os, signal, sys\n"
         f"{trigger}\n"
-        "from algorithms.cli import main\n"
+        "from vgrpo_lib.algorithms.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     return [sys.executable, "-c", script, *_command(out)[3:]]
@@ -71,7 +71,7 @@ def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninter
     """The process dies between writing the temporary file and renaming it into place."""
     out = tmp_path / "run"
     trigger = (
-        "import integrations.atomic as atomic\n"
+        "import vgrpo_lib.integrations.atomic as atomic\n"
         "real_replace = os.replace\n"
         "def dying_replace(src, dst):\n"
         "    if str(dst).endswith('iter_000003.pt'):\n"
@@ -91,7 +91,7 @@ def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninter
 def test_killed_before_its_first_checkpoint_the_run_resumes_from_iteration_zero(uninterrupted, tmp_path):
     out = tmp_path / "run"
     trigger = (
-        "from algorithms.trainer import Trainer\n"
+        "from vgrpo_lib.algorithms.trainer import Trainer\n"
         "real_step = Trainer.step\n"
         "def dying_step(self):\n"
         "    row = real_step(self)\n"  # one iteration trained, its metrics not yet written, no checkpoint

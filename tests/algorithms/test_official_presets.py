@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.cli import build_config
-from algorithms.flow_grpo import FlowGRPO
-from algorithms.policies import Policies
-from algorithms.presets import OFFICIAL, preset_overrides
-from algorithms.trainer import Trainer
-from integrations.testbed.sampling import null_prompts
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
+from vgrpo_lib.algorithms.policies import Policies
+from vgrpo_lib.algorithms.presets import OFFICIAL, preset_overrides
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.testbed.sampling import null_prompts
 from tests.algorithms.conftest import TINY
 
 TEN_STEPS = [*TINY, "rollout.num_steps=10"]
@@ -124,7 +124,7 @@ def test_flow_grpo_cfg_needs_a_null_condition(make_digits8_policy):
 
 @pytest.fixture
 def make_digits8_policy():
-    from algorithms.tasks import load_task
+    from vgrpo_lib.algorithms.tasks import load_task
 
     return lambda: load_task("digits8").load_policy()
 

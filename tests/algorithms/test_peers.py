@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.samplers import sample_euler
 
 PEERS = ("fpo", "awm", "grpo_guard", "flow_grpo_fast")

@@ -7,10 +7,10 @@ import matplotlib.image
 import pytest
 import torch
 
-from algorithms.plots import run_figure
-from algorithms.trainer import Trainer
-from integrations.figures import labelled_grid, prompt_rows, tile, write_labelled_grid
-from integrations.testbed.tasks import get_task
+from vgrpo_lib.algorithms.plots import run_figure
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.figures import labelled_grid, prompt_rows, tile, write_labelled_grid
+from vgrpo_lib.integrations.testbed.tasks import get_task
 
 
 def test_labelled_grid_shows_each_prompts_images_on_its_labelled_row():
@@ -65,7 +65,7 @@ def test_run_figure_plots_the_declared_evaluation_metrics():
 
 
 def test_a_run_titles_its_grids_with_the_iteration_and_labels_rows_with_prompts(tiny_config, tmp_path, monkeypatch):
-    import integrations.testbed.tasks as testbed_tasks
+    import vgrpo_lib.integrations.testbed.tasks as testbed_tasks
 
     written = []
 

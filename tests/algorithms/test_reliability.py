@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-import integrations.atomic as atomic
-from algorithms.cli import main as cli_main
-from algorithms.errors import DamagedFileError, DivergenceError, RunDirError, RunDirExists, RunDirInUse
-from algorithms.run_dir import RunDir, read_csv
-from algorithms.trainer import Trainer
-from integrations.testbed import tasks as testbed_tasks
+import vgrpo_lib.integrations.atomic as atomic
+from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.errors import DamagedFileError, DivergenceError, RunDirError, RunDirExists, RunDirInUse
+from vgrpo_lib.algorithms.run_dir import RunDir, read_csv
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.testbed import tasks as testbed_tasks
 from tests.algorithms.conftest import TINY
 
 TIMING = ("_s", "train_seconds")

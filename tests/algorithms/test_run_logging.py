@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.cli import build_config
-from algorithms.config import apply_overrides
-from algorithms.run_dir import RunDir
-from algorithms.run_logging import resolve_backend
-from algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.config import apply_overrides
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.run_logging import resolve_backend
+from vgrpo_lib.algorithms.trainer import Trainer
 
 
 def wandb_history(path: Path) -> list[dict]:

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from algorithms.config import TrainConfig, apply_overrides
-from algorithms.step_control import StepControl, parse_schedule
-from algorithms.trainer import Trainer
-from integrations.testbed.rewards import DigitProbability, WeightedReward
-from integrations.testbed.tasks import Task
+from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
+from vgrpo_lib.algorithms.step_control import StepControl, parse_schedule
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations.testbed.rewards import DigitProbability, WeightedReward
+from vgrpo_lib.integrations.testbed.tasks import Task
 from vgrpo_lib.advantages import group_advantage
 from vgrpo_lib.control import AdaptiveKLController, Cosine, Linear, Piecewise, Warmup
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from algorithms.cli import main as cli_main
-from algorithms.run_dir import RunDir, read_csv
-from algorithms.trainer import RewardError, Trainer, check_reward
+from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.run_dir import RunDir, read_csv
+from vgrpo_lib.algorithms.trainer import RewardError, Trainer, check_reward
 from tests.algorithms.conftest import evaluation_table
 from tests.same_steps import assert_same_changes, train_with_sgd
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from benchmarks.compare import run_compare
-from benchmarks.estimator_lab import run_lab
+from vgrpo_lib.benchmarks.compare import run_compare
+from vgrpo_lib.benchmarks.estimator_lab import run_lab
 
 SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_reward", "final_accuracy",
                 "seconds_per_iteration", "judge_gap", "diversity", "heldout_time_to_target_s", "heldout_nfe_to_target"}
@@ -14,7 +14,7 @@ SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_r
 def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path, capsys):
     """Tuning on the tuning seed only, the target from the rule fixed before the reported runs, the chosen
     setting per algorithm, ratios against V-GRPO with intervals."""
-    from benchmarks.compare import TUNING_SEED, target_rule
+    from vgrpo_lib.benchmarks.compare import TUNING_SEED, target_rule
 
     tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
     run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
@@ -31,12 +31,12 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     assert len(tuning) == 2 * 3  # two variants x three step controls x one learning rate, on the tuning seed only
     assert protocol["reported_seeds"] == [0, 1] and TUNING_SEED not in protocol["reported_seeds"]
     # The target is the rule applied to the tuning runs' curves (read back from their metrics).
-    from algorithms.run_dir import RunDir
+    from vgrpo_lib.algorithms.run_dir import RunDir
 
     curves = [RunDir(tmp_path / "runs" / name).read_rows("metrics.csv") for name in tuning]
     assert protocol["target"] == pytest.approx(target_rule(curves)["target"])
     assert protocol["base"] <= protocol["target"] <= protocol["ceiling"]
-    from benchmarks.compare import heldout_target_rule
+    from vgrpo_lib.benchmarks.compare import heldout_target_rule
 
     evaluations = [RunDir(tmp_path / "runs" / name).read_jsonl("eval.jsonl") for name in tuning]
     assert protocol["heldout"] == heldout_target_rule(evaluations)
@@ -71,7 +71,7 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
     # Compressed as results/ keeps it (`vgrpo compress`), the comparison is read back the same, nothing retrained.
-    from algorithms.cli import main as cli_main
+    from vgrpo_lib.algorithms.cli import main as cli_main
 
     assert cli_main(["compress", str(tmp_path)]) == 0
     assert f"{tmp_path}: 30 tables of 10 runs compressed" in capsys.readouterr().out
@@ -81,7 +81,7 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert capsys.readouterr().out.count("(read back)") == 10 and not list(tmp_path.glob("runs/*/metrics.csv"))
     # A run cut before its last evaluation was written is not finished (it would resume from its checkpoint).
-    from benchmarks.compare import finished_run
+    from vgrpo_lib.benchmarks.compare import finished_run
 
     cut = tmp_path / "runs" / tuning[0]
     config = RunDir(cut).train_config()
@@ -101,7 +101,7 @@ def test_compare_can_select_by_the_held_out_target(tmp_path, capsys):
     """``select="heldout"`` reads the same tuning runs back and chooses each algorithm's setting by the held-out
     target (else the final held-out reward); the protocol records which target selected, and a bad name is refused
     before any run starts."""
-    from benchmarks.compare import selection_key
+    from vgrpo_lib.benchmarks.compare import selection_key
 
     tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
     kwargs = dict(task="digits8", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"), learning_rates=(1e-3,),
@@ -138,7 +138,7 @@ def test_estimator_lab_writes_statistics_and_ground_truth(tmp_path):
 def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
     import pytest
 
-    from benchmarks.ablations import run_ablations
+    from vgrpo_lib.benchmarks.ablations import run_ablations
 
     report = run_ablations(tmp_path, which="paper", task="digits8", seeds=1, quick=True,
                            cells=["vgrpo", "antithetic (ours)"])
@@ -152,7 +152,7 @@ def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
 
 def test_scaling_times_one_and_two_processes(tmp_path):
     """The gloo scaling check end to end at toy size (DDP and FSDP2): both process counts report every phase."""
-    from benchmarks.scaling import main as scaling
+    from vgrpo_lib.benchmarks.scaling import main as scaling
 
     tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4"]
     for strategy in ("ddp", "fsdp2"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.compare import VARIANTS, build
+from vgrpo_lib.benchmarks.compare import VARIANTS, build
 
 PEERS = ("fpo", "awm", "grpo_guard", "flow_grpo_fast")
 

@@ -1,12 +1,12 @@
-"""benchmarks.cost: per-phase seconds and NFE of a short real run, and the command's report."""
+"""vgrpo_lib.benchmarks.cost: per-phase seconds and NFE of a short real run, and the command's report."""
 
 import json
 import sys
 
 import pytest
 
-from algorithms.costs import ITERATION_PHASES
-from benchmarks import cost
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.benchmarks import cost
 
 TINY = ["task=digits8", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "vgrpo.num_pairs=2"]
 

@@ -3,7 +3,7 @@ their configuration, and the antithetic option shows its within-group noise redu
 
 import json
 
-from benchmarks.estimator_lab import run_lab
+from vgrpo_lib.benchmarks.estimator_lab import run_lab
 
 OURS = ("vgrpo_antithetic (ours)", "vgrpo_antithetic_importance (ours)")
 

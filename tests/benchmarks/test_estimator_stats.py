@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from benchmarks.compare import time_to_target
-from benchmarks.estimator_stats import (
+from vgrpo_lib.benchmarks.compare import time_to_target
+from vgrpo_lib.benchmarks.estimator_stats import (
     coefficient_of_variation,
     gradient_agreement,
     mc_noise_share,
@@ -97,7 +97,7 @@ def test_the_heldout_target_is_the_same_rule_on_the_evaluations_and_its_clock_st
     reads training rewards: base the iteration-0 evaluation (the base policy), ceiling the best evaluation (no
     smoothing: each is a fixed held-out set). The first evaluation reaching the target gives the costs; the base
     evaluation never counts, even when the target is at the base."""
-    from benchmarks.compare import heldout_target_rule, heldout_time_to_target
+    from vgrpo_lib.benchmarks.compare import heldout_target_rule, heldout_time_to_target
 
     def evaluations(*rewards):
         return [{"iteration": 10 * i, "reward_mean": r, "train_seconds": 5.0 * i, "train_cpu_s": 9.0 * i,
@@ -115,7 +115,7 @@ def test_the_heldout_target_is_the_same_rule_on_the_evaluations_and_its_clock_st
 
 
 def test_regime_verdicts():
-    from benchmarks.ablations import verdict
+    from vgrpo_lib.benchmarks.ablations import verdict
 
     def cell(final, base=0.5):
         return {"final_reward": {"mean": final, "std": 0.0}, "base_reward": base}
@@ -130,7 +130,7 @@ def test_regime_verdicts():
 
 
 def test_target_rule_depends_on_every_algorithm_alike():
-    from benchmarks.compare import target_rule
+    from vgrpo_lib.benchmarks.compare import target_rule
 
     def curve(*rewards):
         return [{"reward_mean": r} for r in rewards]
@@ -144,7 +144,7 @@ def test_target_rule_depends_on_every_algorithm_alike():
 
 
 def test_median_ratio_interval():
-    from benchmarks.compare import median_ratio_interval
+    from vgrpo_lib.benchmarks.compare import median_ratio_interval
 
     same = median_ratio_interval([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0])
     assert same["ratio"] == 1.0 and same["interval"][0] <= 1.0 <= same["interval"][1]
@@ -159,7 +159,7 @@ def test_median_ratio_interval():
     assert most["ratio"] is None and most["interval"] is None
     # Finite medians but too many resamples with an infinite one: the ratio stands, the interval does not, and the
     # summary's cell says why instead of showing a bare number.
-    from benchmarks.compare import _ratio_cell
+    from vgrpo_lib.benchmarks.compare import _ratio_cell
 
     thin = median_ratio_interval([1.0, 1.0, 1.0, None, None], [2.0, 2.0, 2.0, None, None])
     assert thin["ratio"] == 0.5 and thin["interval"] is None and 0.0 < thin["estimable_share"] < 0.9
@@ -170,7 +170,7 @@ def test_median_ratio_interval():
 
 def test_selection_key_orders_tuning_runs_by_the_named_target():
     """Reached first, then sooner, then the higher final reward; the held-out key reads the held-out columns only."""
-    from benchmarks.compare import selection_key
+    from vgrpo_lib.benchmarks.compare import selection_key
 
     def run(time, reward, heldout_time, eval_reward):
         return {"time_to_target_s": time, "final_reward": reward, "heldout_time_to_target_s": heldout_time,
@@ -192,7 +192,7 @@ def test_selection_key_orders_tuning_runs_by_the_named_target():
 def test_every_variant_builds_every_step_control_with_an_equal_budget():
     """Each algorithm of the comparison (baselines and peers) is tuned over as many settings as every other, and
     each of them is a valid configuration with one gradient step per rollout and two epochs among them."""
-    from benchmarks.compare import VARIANTS, build
+    from vgrpo_lib.benchmarks.compare import VARIANTS, build
 
     sizes = {name: len(variant.step_controls) for name, variant in VARIANTS.items()}
     assert len(set(sizes.values())) == 1, sizes
@@ -205,7 +205,7 @@ def test_every_variant_builds_every_step_control_with_an_equal_budget():
 
 
 def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
-    from benchmarks.compare import _aggregate, markdown_table, summarise_run
+    from vgrpo_lib.benchmarks.compare import _aggregate, markdown_table, summarise_run
 
     phases = {"rollout_s": 2.0, "reward_s": 0.5, "prepare_s": 0.5, "update_s": 1.0, "iteration_s": 4.0}
     metrics = [{"reward_mean": 0.1 * i, "train_seconds": 4.0 * (i + 1), "train_cpu_s": 8.0 * (i + 1),

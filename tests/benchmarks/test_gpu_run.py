@@ -14,7 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_run.sh"
 
 
 def test_cpu_mode_writes_the_timing_and_the_mnist_sd3_run(tmp_path):
-    from integrations.testbed.mnist_sd3.build import build_pipeline
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
 
     build_pipeline(seed=0).save_pretrained(tmp_path / "pipeline")  # the final configs, untrained: a fast stand-in
     out = tmp_path / "gpu_run"
@@ -33,7 +33,7 @@ def test_cpu_mode_writes_the_timing_and_the_mnist_sd3_run(tmp_path):
     metrics = (run / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 2 and "iteration_s" in metrics[0] and "rollout_s" in metrics[0]
     commands = (out / "commands.txt").read_text().splitlines()
-    assert commands[0].startswith("python -m benchmarks.gpu_timing") and "--preset mnist-sd3" in commands[1]
+    assert commands[0].startswith("python -m vgrpo_lib.benchmarks.gpu_timing") and "--preset mnist-sd3" in commands[1]
 
 
 def test_cuda_mode_says_when_no_gpu_is_visible(tmp_path):

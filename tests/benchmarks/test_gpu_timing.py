@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmarks.gpu_timing import SD35_MEDIUM_TRANSFORMER, main  # noqa: E402
+from vgrpo_lib.benchmarks.gpu_timing import SD35_MEDIUM_TRANSFORMER, main  # noqa: E402
 
 
 def test_tiny_mode_times_every_phase_and_counts_flops(tmp_path):

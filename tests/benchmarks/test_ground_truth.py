@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.ground_truth import _interval, exact_log_likelihood, ground_truth_study, ring_data
+from vgrpo_lib.benchmarks.ground_truth import _interval, exact_log_likelihood, ground_truth_study, ring_data
 
 
 class LinearVelocity(nn.Module):
@@ -36,7 +36,7 @@ def test_ring_data_keeps_the_ring_in_two_coordinates():
 
 
 def test_study_reports_every_seed_and_dimension_with_intervals():
-    from benchmarks.estimator_lab import ESTIMATORS
+    from vgrpo_lib.benchmarks.estimator_lab import ESTIMATORS
 
     report = ground_truth_study({"vgrpo": ESTIMATORS["vgrpo"]}, seeds=(0, 1), dims=(2, 3), samples=32, draws=2,
                                 pretrain_steps=30, finetune_steps=5)

@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from algorithms.cli import build_config  # noqa: E402
-from algorithms.presets import OFFICIAL  # noqa: E402
-from algorithms.run_dir import RunDir  # noqa: E402
-from benchmarks.ablations import run_ablations  # noqa: E402
-from benchmarks.cli import main as vgrpo  # noqa: E402
-from benchmarks.compare import run_compare  # noqa: E402
-from benchmarks.estimator_lab import run_lab  # noqa: E402
-from integrations.testbed.mnist_sd3.build import build_pipeline  # noqa: E402
+from vgrpo_lib.algorithms.cli import build_config  # noqa: E402
+from vgrpo_lib.algorithms.presets import OFFICIAL  # noqa: E402
+from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
+from vgrpo_lib.benchmarks.ablations import run_ablations  # noqa: E402
+from vgrpo_lib.benchmarks.cli import main as vgrpo  # noqa: E402
+from vgrpo_lib.benchmarks.compare import run_compare  # noqa: E402
+from vgrpo_lib.benchmarks.estimator_lab import run_lab  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline  # noqa: E402
 
 TINY = ["prompts_per_iteration=2", "group_size=4", "rollout.num_steps=2", "eval.per_prompt=1", "eval.num_steps=2"]
 

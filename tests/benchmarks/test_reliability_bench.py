@@ -1,8 +1,8 @@
-"""``python -m benchmarks.reliability``: random SIGKILLs of a real run, each followed by a restart, end identical."""
+"""``python -m vgrpo_lib.benchmarks.reliability``: random SIGKILLs of a real run, each followed by a restart, end identical."""
 
 import subprocess
 
-from benchmarks.reliability import REPO, RUN_ARGS, WAIT_S, random_kills, run_differences, train_command
+from vgrpo_lib.benchmarks.reliability import REPO, RUN_ARGS, WAIT_S, random_kills, run_differences, train_command
 
 SHORT = [*RUN_ARGS, "iterations=3", "eval.every=2"]
 

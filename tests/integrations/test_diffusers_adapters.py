@@ -11,14 +11,14 @@ pytest.importorskip("peft")
 from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline,  # noqa: E402
                        FluxTransformer2DModel, SD3Transformer2DModel)
 
-from integrations.diffusers_adapters import (AdapterView, FluxVelocity, classifier_free_guidance,  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters import (AdapterView, FluxVelocity, classifier_free_guidance,  # noqa: E402
                                              SD3Velocity, add_behaviour_adapter, add_lora, behaviour_policy,
                                              copy_adapter, decode_latents, ema_adapter, encode_prompts_sd3,
                                              flux_mu, flux_sigma_grid, latent_shape, lora_parameters,
                                              load_flux_dev, load_sd35_medium, pack_latents, reference_policy,
                                              sd3_sigma_grid, sigma_grid_from_scheduler_config, unpack_latents,
                                              upcast_trainable_parameters)
-from integrations.rewards import MissingWeightsError  # noqa: E402
+from vgrpo_lib.integrations.rewards import MissingWeightsError  # noqa: E402
 
 B, C, H, W, L = 4, 4, 8, 8, 5
 

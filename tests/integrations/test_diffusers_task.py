@@ -1,5 +1,5 @@
 """The diffusers task end to end: a tiny random SD3 (and FLUX) pipeline saved to disk, loaded by name through
-``algorithms.tasks.load_task`` (configured by the run config's ``model`` section) and trained by the real trainer
+``vgrpo_lib.algorithms.tasks.load_task`` (configured by the run config's ``model`` section) and trained by the real trainer
 with each algorithm on the CPU."""
 
 import pytest
@@ -8,14 +8,14 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from algorithms.config import ModelConfig, TrainConfig, apply_overrides  # noqa: E402
-from algorithms.run_dir import RunDir  # noqa: E402
-from algorithms.tasks import load_task  # noqa: E402
-from algorithms.trainer import Trainer  # noqa: E402
-from integrations.diffusers_adapters import SD3Velocity, load_policy  # noqa: E402
-from integrations.rewards.loading import MissingWeightsError  # noqa: E402
-from integrations.diffusers_adapters.lora import AdapterBehaviour, lora_parameters  # noqa: E402
-from integrations.diffusers_adapters.task import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
+from vgrpo_lib.algorithms.config import ModelConfig, TrainConfig, apply_overrides  # noqa: E402
+from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
+from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
+from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters import SD3Velocity, load_policy  # noqa: E402
+from vgrpo_lib.integrations.rewards.loading import MissingWeightsError  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters.lora import AdapterBehaviour, lora_parameters  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
 from vgrpo_lib.samplers import time_grid  # noqa: E402
 from tests.integrations.tiny_pipelines import CLIP_LENGTH, IMAGE_SIZE, T5_LENGTH, save_tiny_flux, save_tiny_sd3  # noqa: E402
 from tests.same_steps import assert_same_changes, train_with_sgd  # noqa: E402
@@ -210,7 +210,7 @@ def test_each_algorithm_trains_lora_only_checkpoints_it_and_resumes_exactly(algo
     if algo == "vgrpo":  # `vgrpo sample` on a hub-model run: the trained LoRA policy, prompts saved as strings
         import numpy as np
 
-        from algorithms.cli import main as cli_main
+        from vgrpo_lib.algorithms.cli import main as cli_main
 
         out = tmp_path / "samples.npz"
         argv = ["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "2", "--seed", "0", "--steps", "2"]
@@ -229,7 +229,7 @@ def test_flux_task_runs_a_vgrpo_iteration(hub_model):
 
 
 def _fsdp2_lora_worker(rank: int, world_size: int, port: int, overrides: list[str], out: str) -> None:
-    from integrations import distributed
+    from vgrpo_lib.integrations import distributed
     from tests.integrations.test_distributed import _full_weights, _join
 
     _join(rank, world_size, port)

@@ -22,12 +22,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from algorithms.cli import build_config
-from algorithms.run_dir import RunDir
-from algorithms.trainer import Trainer
-from integrations import distributed
-from integrations.distributed import Shard, shard_groups
-from integrations.testbed.tasks import Task
+from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.integrations import distributed
+from vgrpo_lib.integrations.distributed import Shard, shard_groups
+from vgrpo_lib.integrations.testbed.tasks import Task
 from tests.same_steps import assert_same_changes, train_with_sgd
 
 # The spawn and each collective: generous, as on a loaded 2-core machine (CI, other jobs) the ~60 s of work took
@@ -57,7 +57,7 @@ POLICY_CHECKPOINT = Path(__file__).parents[2] / "integrations/testbed/checkpoint
 
 
 def _test_policy(self: Task) -> nn.Module:
-    from integrations.testbed.models import VelocityMLP
+    from vgrpo_lib.integrations.testbed.models import VelocityMLP
 
     with torch.random.fork_rng():
         torch.manual_seed(0)

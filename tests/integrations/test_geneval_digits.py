@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from integrations.rewards.geneval import GENEVAL_TAGS, Detection, GenEvalReward, load_geneval_metadata
-from integrations.testbed.checkpoints import DETECTOR_NAMES, read_card
-from integrations.testbed.geneval_digits.compositions import CELLS, compose, ink_boxes
-from integrations.testbed.geneval_digits.detector import DigitDetector, crop_colors, decode
-from integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs, write_geneval_files
-from integrations.testbed.geneval_digits.reward import geneval_digits_reward, geneval_digits_scorer, geneval_digits_table
-from integrations.testbed.geneval_digits.train_detector import coco_ap50, detection_targets
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS, Detection, GenEvalReward, load_geneval_metadata
+from vgrpo_lib.integrations.testbed.checkpoints import DETECTOR_NAMES, read_card
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import CELLS, compose, ink_boxes
+from vgrpo_lib.integrations.testbed.geneval_digits.detector import DigitDetector, crop_colors, decode
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs, write_geneval_files
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_reward, geneval_digits_scorer, geneval_digits_table
+from vgrpo_lib.integrations.testbed.geneval_digits.train_detector import coco_ap50, detection_targets
 
 ARTICLE = r"an? (?:(?:red|green|blue|yellow|white) )?\d"
 GRAMMAR = {

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations.rewards.geneval import (
+from vgrpo_lib.integrations.rewards.geneval import (
     RELATIONS, Detection, GenEvalReward, GenEvalRules, box_iou, flow_grpo_score, geneval_correct, geneval_table,
     relative_position, select_objects,
 )

@@ -12,18 +12,18 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from algorithms.cli import build_config, main as cli_main  # noqa: E402
-from algorithms.run_dir import RunDir  # noqa: E402
-from algorithms.tasks import load_task, rollout_grid  # noqa: E402
-from algorithms.trainer import Trainer  # noqa: E402
-from integrations.diffusers_adapters import load_policy  # noqa: E402
-from integrations.diffusers_adapters.lora import AdapterBehaviour, AdapterView  # noqa: E402
-from integrations.diffusers_adapters.task import HUB_MODELS, DiffusersTask, LoRAPolicy  # noqa: E402
-from integrations.testbed.data import load_mnist  # noqa: E402
-from integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
-from integrations.testbed.mnist_sd3 import render  # noqa: E402
-from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
-from integrations.testbed.mnist_sd3_tasks import digit_metrics, number_judge, number_slots  # noqa: E402
+from vgrpo_lib.algorithms.cli import build_config, main as cli_main  # noqa: E402
+from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
+from vgrpo_lib.algorithms.tasks import load_task, rollout_grid  # noqa: E402
+from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters import load_policy  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters.lora import AdapterBehaviour, AdapterView  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters.task import HUB_MODELS, DiffusersTask, LoRAPolicy  # noqa: E402
+from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3 import render  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import digit_metrics, number_judge, number_slots  # noqa: E402
 from tests.algorithms.conftest import evaluation_table  # noqa: E402
 
 # A short run: 4 prompts x 4 images, 4 rollout steps, 2 pairs; a small evaluation.
@@ -187,8 +187,8 @@ def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(
     computes the trained policy's velocity (peft's LoRA scale alpha / r = 2 included), not the base model's."""
     from diffusers import StableDiffusion3Pipeline
 
-    from integrations.diffusers_adapters.presets import absent_components
-    from integrations.diffusers_adapters.sd3 import SD3Velocity
+    from vgrpo_lib.integrations.diffusers_adapters.presets import absent_components
+    from vgrpo_lib.integrations.diffusers_adapters.sd3 import SD3Velocity
 
     tiny = ["iterations=1", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=2", "vgrpo.num_pairs=1",
             "eval.per_prompt=1", "eval.num_steps=1", "eval.every=0", "optim.lr=1e-2"]

@@ -14,10 +14,10 @@ from transformers import (BertTokenizer, BlipConfig, BlipImageProcessor, BlipVis
                           CLIPImageProcessor, CLIPModel, CLIPTokenizer)
 from transformers.models.blip.modeling_blip_text import BlipTextModel  # noqa: E402
 
-from integrations.rewards import (CLIPScore, Detection, GenEvalReward, HPSv21, ImageReward,  # noqa: E402
+from vgrpo_lib.integrations.rewards import (CLIPScore, Detection, GenEvalReward, HPSv21, ImageReward,  # noqa: E402
                                   JPEGCompressibility, LAIONAesthetic, MissingWeightsError, MultiReward, OCRReward, PickScore,
                                   ScoreMLP, available_rewards, get_reward, text_similarity)
-from integrations.rewards.preprocess import ImagePreprocessor  # noqa: E402
+from vgrpo_lib.integrations.rewards.preprocess import ImagePreprocessor  # noqa: E402
 
 PROMPTS = ['a sign that says "hello"', "a photo of a cat", "an apple", "two dogs"]
 
@@ -323,7 +323,7 @@ def test_multiset_similarity_is_one_minus_the_edit_distance_of_the_sorted_texts(
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from integrations.rewards.simple import multiset_similarity
+    from vgrpo_lib.integrations.rewards.simple import multiset_similarity
 
     text = st.text(alphabet="0123456789 aA", max_size=6)
 

@@ -237,9 +237,9 @@ def test_advantages_match_the_official_stat_tracker(global_std):
 
 
 def test_weight_ema_matches_official(make_model):
-    """algorithms.policies.WeightEMA against EMAModuleWrapper (decay 0.9, every 8 steps) over 20 gradient steps
+    """vgrpo_lib.algorithms.policies.WeightEMA against EMAModuleWrapper (decay 0.9, every 8 steps) over 20 gradient steps
     of random parameter changes, with the step count the official passes (global_step after the increment)."""
-    from algorithms.policies import WeightEMA
+    from vgrpo_lib.algorithms.policies import WeightEMA
 
     model = make_model(data_shape=(4,), dtype=F64)
     ours = WeightEMA(model.parameters(), 0.9, every=8)

@@ -5,5 +5,5 @@
   with exact boxes: the detector's training data and a composition pipeline's.
 * `detector`: a small dense digit detector, its decoding and the crop colour classifier.
 * `train_detector`: trains and measures the shipped detector and its independent judge.
-* `reward`: GenEval's rules (`integrations.rewards.geneval`) on the shipped detectors.
+* `reward`: GenEval's rules (`vgrpo_lib.integrations.rewards.geneval`) on the shipped detectors.
 """

@@ -3,7 +3,7 @@
 `compose(specs, split, generator)` draws one canvas per GenEval spec that satisfies it under
 GenEval's own rules: exactly the requested digits (`count` of each include clause), each in its
 requested colour (a random one of COLORS otherwise), and for a position clause the relation holds
-by `integrations.rewards.geneval.relative_position` (the test the scorer applies). Ink boxes never
+by `vgrpo_lib.integrations.rewards.geneval.relative_position` (the test the scorer applies). Ink boxes never
 overlap (a gap of at least `MIN_GAP` pixels), so every digit stays readable. The canvases are the
 training data of the digit detector (and of a composition pipeline), and their exact boxes the
 detector's targets.
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from integrations.rewards.geneval import RELATIONS, relative_position
-from integrations.testbed.data import load_mnist
-from integrations.testbed.geneval_digits.prompts import COLORS
-from integrations.testbed.mnist_sd3.render import TINTS as MNIST_SD3_TINTS
+from vgrpo_lib.integrations.rewards.geneval import RELATIONS, relative_position
+from vgrpo_lib.integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS
+from vgrpo_lib.integrations.testbed.mnist_sd3.render import TINTS as MNIST_SD3_TINTS
 
 CANVAS = 64
 MAX_OBJECTS = 4

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from integrations.rewards.geneval import Detection
-from integrations.testbed.geneval_digits.compositions import TINTS
-from integrations.testbed.geneval_digits.prompts import COLORS
+from vgrpo_lib.integrations.rewards.geneval import Detection
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import TINTS
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS
 
 STRIDE = 4
 NUM_CLASSES = 10
@@ -84,7 +84,7 @@ def decode(head: torch.Tensor, min_score: float = 0.05) -> tuple[torch.Tensor, .
 
 
 class DetectorPlugin(nn.Module):
-    """The `Detector` protocol of `integrations.rewards.geneval` for a DigitDetector: images -> lists of Detection.
+    """The `Detector` protocol of `vgrpo_lib.integrations.rewards.geneval` for a DigitDetector: images -> lists of Detection.
 
     Labels are digit names ("0".."9"); colour is left to `crop_colors` (the reward's colour classifier).
     A module, so that a reward holding it moves the detector with `.to(device)`.

@@ -17,7 +17,7 @@ canvas empty (``results/mnist_sd3_geneval/``):
    latent statistics are set from it, and every batch draws its samples' categories uniformly, so the six
    GenEval categories train equally (the prompt lists are 77% colour attribution).
 
-Rebuild: ``python -m integrations.testbed.pretrain mnist_sd3_geneval`` (writes ``PIPELINE_DIR`` with its card).
+Rebuild: ``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval`` (writes ``PIPELINE_DIR`` with its card).
 The shipped folder loads with ``StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR)``.
 """
 
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from integrations.rewards.geneval import GENEVAL_TAGS
-from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline
-from integrations.testbed.mnist_sd3.card import COMPONENTS
-from integrations.testbed.mnist_sd3.train import (PIPELINE_DEFAULT_T5_TOKENS, decode, encode_moments, rectified_flow,
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline
+from vgrpo_lib.integrations.testbed.mnist_sd3.card import COMPONENTS
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import (PIPELINE_DEFAULT_T5_TOKENS, decode, encode_moments, rectified_flow,
                                                   save_pipeline, set_latent_statistics, train_vae)
 
 from .compositions import CANVAS, compose
@@ -41,7 +41,7 @@ from .prompts import geneval_specs
 
 PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_sd3_geneval"
 IMAGE_SIZE = (CANVAS, CANVAS)
-REBUILD_COMMAND = "python -m integrations.testbed.pretrain mnist_sd3_geneval"
+REBUILD_COMMAND = "python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval"
 LAYOUT = "slots"
 
 VAE_RECIPE = dict(steps=1000, batch_size=16, lr=2e-3, kl=1e-6, ink_weight=10.0, seed=110)
@@ -216,7 +216,7 @@ image = pipe("a red 3 and a blue 8", height={card['canvas']}, width={card['canva
   inside the 0.15-0.6 band of GenEval overall.
 
 ## Measured: GenEval's table on the {_eval_samples(card)} held-out samples ({card['evaluation']['num_steps']} Euler steps, noise seed {card['evaluation']['seed']})
-"detector" is the reward detector (GenEval's rules, `integrations.rewards.geneval`), "judge" the independent
+"detector" is the reward detector (GenEval's rules, `vgrpo_lib.integrations.rewards.geneval`), "judge" the independent
 detector trained on a disjoint split (never a reward).
 
 | images, reader | {' | '.join(GENEVAL_TAGS)} | overall |

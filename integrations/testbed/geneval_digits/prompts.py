@@ -14,14 +14,14 @@ where REL is "to the left of", "to the right of", "above" or "below" and R GenEv
 ("left of", "right of", "above", "below"). Each spec is a dict with GenEval's keys (`tag`,
 `include` of `{class, count, color?, position?}`, `exclude` for counting, `prompt`), exactly the
 structure of GenEval's `evaluation_metadata.jsonl` (its `prompts/create_prompts.py`), so the
-scoring in `integrations.rewards.geneval` reads them unchanged.
+scoring in `vgrpo_lib.integrations.rewards.geneval` reads them unchanged.
 
 Train and eval prompts are disjoint, and so are their meanings: prompts that say the same thing
 ("a 3 and a 9" / "a 9 and a 3"; "a 2 to the left of a 6" / "a 6 to the right of a 2"; "a red 3 and
 a blue 8" / "a blue 8 and a red 3") form one group, and whole groups go to one split. In every
 category a fixed seeded permutation of the groups puts EVAL_FRACTION of them (at least 3) in eval.
 
-    python -m integrations.testbed.geneval_digits.prompts OUT_DIR   # writes GenEval's two files per split
+    python -m vgrpo_lib.integrations.testbed.geneval_digits.prompts OUT_DIR   # writes GenEval's two files per split
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from integrations.rewards.geneval import GENEVAL_TAGS
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
 
 DIGITS = tuple(str(d) for d in range(10))
 COLORS = ("red", "green", "blue", "yellow", "white")

@@ -5,16 +5,16 @@
     judge = geneval_digits_scorer("digit_detector_judge")  # evaluation only, never a reward
     results = judge.evaluate(images, specs)               # per image: tag, correct, score, reasons
 
-Both use GenEval's rules from `integrations.rewards.geneval` (one implementation for hub models and
+Both use GenEval's rules from `vgrpo_lib.integrations.rewards.geneval` (one implementation for hub models and
 the testbed), the digit detector as the plug-in and `crop_colors` as the crop colour classifier.
 """
 
 from __future__ import annotations
 
-from integrations.rewards.geneval import GenEvalReward, GenEvalRules, geneval_table
-from integrations.testbed.checkpoints import DETECTOR_NAMES, load_pretrained
-from integrations.testbed.geneval_digits.detector import DetectorPlugin, crop_colors
-from integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.rewards.geneval import GenEvalReward, GenEvalRules, geneval_table
+from vgrpo_lib.integrations.testbed.checkpoints import DETECTOR_NAMES, load_pretrained
+from vgrpo_lib.integrations.testbed.geneval_digits.detector import DetectorPlugin, crop_colors
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
 
 
 def geneval_digits_scorer(detector: str = "digit_detector", partial: bool = False,

@@ -1,6 +1,6 @@
 """Train the shipped digit detector and its independent judge on synthetic compositions, and measure them.
 
-    python -m integrations.testbed.geneval_digits.train_detector {digit_detector,digit_detector_judge} ...
+    python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector {digit_detector,digit_detector_judge} ...
 
 `digit_detector` (the reward's detector) sees compositions of MNIST-5k split "train" digits;
 `digit_detector_judge` (evaluation only, never a reward) a narrower net with other dilations and
@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from integrations.rewards.geneval import GenEvalReward, geneval_table
-from integrations.testbed.checkpoints import save_checkpoint
-from integrations.testbed.geneval_digits.compositions import CANVAS, Compositions, compose
-from integrations.testbed.geneval_digits.detector import (
+from vgrpo_lib.integrations.rewards.geneval import GenEvalReward, geneval_table
+from vgrpo_lib.integrations.testbed.checkpoints import save_checkpoint
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import CANVAS, Compositions, compose
+from vgrpo_lib.integrations.testbed.geneval_digits.detector import (
     NUM_CLASSES, STRIDE, DetectorPlugin, DigitDetector, crop_colors, decode,
 )
-from integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs
 
 NUM_THREADS = 1  # small convolutions: a second thread only adds contention on a shared 2-core machine
 RECIPES = {
@@ -202,7 +202,7 @@ def build(name: str) -> dict:
     metrics = held_out_metrics(model)
     card = {
         "data": f"compositions of MNIST-5k split {recipe['split']!r} digits on {CANVAS}x{CANVAS} canvases "
-                "(integrations.testbed.geneval_digits.compositions), random GenEval-digit specs, fresh every step",
+                "(vgrpo_lib.integrations.testbed.geneval_digits.compositions), random GenEval-digit specs, fresh every step",
         "role": "reward detector" if name == "digit_detector" else "independent judge: never a reward",
         "seed": recipe["seed"], **TRAINING, "losses_every_100_steps": losses, "wall_time_s": round(wall, 1),
         "torch_threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in model.parameters()),

@@ -5,6 +5,6 @@
   MNIST-5k digits, and the views the rewards read (``classifier_view``, ``ocr_view``).
 * ``build``: the pipeline's components in their final configs (``build_pipeline``) and the shipped
   folder ``PIPELINE_DIR`` (``StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR)``).
-* ``train``: the rebuild (``python -m integrations.testbed.pretrain mnist_sd3``): VAE, then transformer and
+* ``train``: the rebuild (``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3``): VAE, then transformer and
   text encoders by rectified flow, then the measurements; ``card``: the model card written with it.
 """

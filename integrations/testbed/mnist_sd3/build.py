@@ -1,7 +1,7 @@
 """The MNIST-SD3 pipeline's components: real diffusers / transformers classes in small configs.
 
 ``build_pipeline(seed)`` returns an untrained ``StableDiffusion3Pipeline`` with the final
-configs; ``python -m integrations.testbed.pretrain mnist_sd3`` trains it and writes it to
+configs; ``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3`` trains it and writes it to
 ``PIPELINE_DIR`` with ``save_pretrained`` (load it with ``StableDiffusion3Pipeline.from_pretrained``).
 
 * Tokenizers: two ``CLIPTokenizer`` built in code from ``prompts.VOCABULARY``: every vocabulary word

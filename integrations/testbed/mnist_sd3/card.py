@@ -8,7 +8,7 @@ import torch
 
 from .build import CLIP_LENGTH, SCHEDULER_SHIFT, T5_TOKENS
 
-REBUILD_COMMAND = "python -m integrations.testbed.pretrain mnist_sd3"
+REBUILD_COMMAND = "python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3"
 COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 

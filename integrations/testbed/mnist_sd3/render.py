@@ -1,7 +1,7 @@
 """Image geometry and data rendering of MNIST-SD3, and the views its rewards read.
 
 Images are RGB float32 ``(N, 3, H, W)`` in ``[0, 1]`` with light strokes on a dark background (the
-MNIST convention), made from the real MNIST-5k digits (``integrations.testbed.data.load_mnist``):
+MNIST convention), made from the real MNIST-5k digits (``vgrpo_lib.integrations.testbed.data.load_mnist``):
 
 * ``render_digits``: one 28x28 digit centred on a ``DIGIT_SIZE`` (32x32) canvas;
 * ``render_numbers``: a two- or three-digit number on a ``NUMBER_SIZE`` (32x96) canvas, one random

@@ -1,4 +1,4 @@
-"""Training and measuring the MNIST-SD3 pipeline (``python -m integrations.testbed.pretrain mnist_sd3``).
+"""Training and measuring the MNIST-SD3 pipeline (``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3``).
 
 Two stages, both seeded and bitwise deterministic on one machine at a fixed thread count; both use a
 constant learning rate after warmup, so the first k steps of a longer run ARE the run of k steps (how
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-from integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.data import load_mnist
 
 from .build import PIPELINE_DIR, T5_TOKENS, build_pipeline, null_t5
 from .card import describe, model_card
@@ -314,7 +314,7 @@ def rectified_flow(pipe, batches, *, steps: int, lr: float, warmup: int, p_uncon
 
 def ocr_read(images: torch.Tensor, engine) -> list[str]:
     """rapidocr's recognition-only reading of number images ``(B, 3, 32, 96)`` via ``ocr_view`` (spaces removed)."""
-    from integrations.rewards.simple import to_uint8_hwc
+    from vgrpo_lib.integrations.rewards.simple import to_uint8_hwc
 
     texts = []
     for array in to_uint8_hwc(ocr_view(images)):
@@ -405,7 +405,7 @@ def pretrain_mnist_sd3(log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: di
     """The whole rebuild: build, train the VAE, then the flow, measure, save to ``PIPELINE_DIR``; returns the card."""
     from rapidocr_onnxruntime import RapidOCR
 
-    from integrations.testbed.checkpoints import load_pretrained
+    from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 
     start = time.perf_counter()
     pipe = build_pipeline(seed=0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from integrations.testbed.checkpoints import (
+from vgrpo_lib.integrations.testbed.checkpoints import (
     CHECKPOINT_DIR,
     CHECKPOINT_NAMES,
     FROZEN_NAMES,
@@ -15,9 +15,9 @@ from integrations.testbed.checkpoints import (
     read_card,
     save_checkpoint,
 )
-from integrations.testbed.data import load_digits8, load_mnist
-from integrations.testbed.models import JudgeClassifier
-from integrations.testbed.pretrain import accuracy
+from vgrpo_lib.integrations.testbed.data import load_digits8, load_mnist
+from vgrpo_lib.integrations.testbed.models import JudgeClassifier
+from vgrpo_lib.integrations.testbed.pretrain import accuracy
 
 
 def test_every_checkpoint_is_shipped_small_and_half_precision():
@@ -89,8 +89,8 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_pretraining_is_seeded():
     """Two short runs of the policy recipe from the same seeds give identical weights."""
-    from integrations.testbed.models import VelocityMLP
-    from integrations.testbed.pretrain import train_policy
+    from vgrpo_lib.integrations.testbed.models import VelocityMLP
+    from vgrpo_lib.integrations.testbed.pretrain import train_policy
 
     def run():
         torch.manual_seed(0)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from integrations.testbed.data import (
+from vgrpo_lib.integrations.testbed.data import (
     digits8_split_indices,
     load_digits8,
     load_mnist,

@@ -13,17 +13,17 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from algorithms.cli import build_config  # noqa: E402
-from algorithms.tasks import load_task  # noqa: E402
-from integrations.diffusers_adapters.task import DiffusersTask  # noqa: E402
-from integrations.rewards.geneval import GENEVAL_TAGS  # noqa: E402
-from integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
-from integrations.testbed.geneval_digits.compositions import compose  # noqa: E402
-from integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
-from integrations.testbed.geneval_digits.reward import geneval_digits_table  # noqa: E402
-from integrations.testbed.mnist_sd3 import prompts as mnist_sd3_prompts  # noqa: E402
-from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, clip_tokenizer  # noqa: E402
-from integrations.testbed.mnist_sd3_tasks import (GENEVAL_EVAL_PER_CATEGORY, geneval_category,  # noqa: E402
+from vgrpo_lib.algorithms.cli import build_config  # noqa: E402
+from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask  # noqa: E402
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_table  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as mnist_sd3_prompts  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, clip_tokenizer  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import (GENEVAL_EVAL_PER_CATEGORY, geneval_category,  # noqa: E402
                                                   geneval_metrics, geneval_prompts)
 
 
@@ -142,10 +142,10 @@ def test_the_preset_builds_the_geneval_task_through_the_hub_path(untrained_folde
 
 
 def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkeypatch, tmp_path):
-    import integrations.diffusers_adapters.task as hub
-    from integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+    import vgrpo_lib.integrations.diffusers_adapters.task as hub
+    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
 
-    from integrations.rewards.loading import MissingWeightsError
+    from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 
     seen = {}
     monkeypatch.setattr(hub, "hub_task", lambda name, **kw: seen.update(name=name, **kw))
@@ -162,7 +162,7 @@ def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkey
 
 
 def test_reconstruction_loss_weights_stroke_pixels_and_is_plain_l1_mse_at_weight_one():
-    from integrations.testbed.mnist_sd3.train import reconstruction_loss
+    from vgrpo_lib.integrations.testbed.mnist_sd3.train import reconstruction_loss
 
     g = torch.Generator().manual_seed(0)
     x = torch.full((2, 3, 4, 4), -1.0)  # black canvas in model space
@@ -187,7 +187,7 @@ def test_reconstruction_loss_weights_stroke_pixels_and_is_plain_l1_mse_at_weight
 def test_sample_writes_images_prompts_and_categories_for_outside_judges(untrained_folder, tmp_path):
     import numpy as np
 
-    from algorithms.cli import main as cli_main
+    from vgrpo_lib.algorithms.cli import main as cli_main
 
     out = tmp_path / "geneval.npz"
     argv = ["sample", "--preset", "mnist-sd3", "--task", "geneval", "--per-prompt", "2", "--seed", "3", "--steps", "2",
@@ -202,7 +202,7 @@ def test_sample_writes_images_prompts_and_categories_for_outside_judges(untraine
 
 
 def test_pretrain_runs_the_geneval_rebuild_by_its_name(monkeypatch, capsys):
-    from integrations.testbed import pretrain
+    from vgrpo_lib.integrations.testbed import pretrain
 
     calls = []
 
@@ -213,11 +213,11 @@ def test_pretrain_runs_the_geneval_rebuild_by_its_name(monkeypatch, capsys):
     monkeypatch.setattr(G, "pretrain_geneval_pipeline", fake)
     pretrain.main(["mnist_sd3_geneval"])
     assert calls == ["geneval"] and "mnist_sd3_geneval: {'overall': 0.5} in 1 s" in capsys.readouterr().out
-    assert G.REBUILD_COMMAND == "python -m integrations.testbed.pretrain mnist_sd3_geneval"
+    assert G.REBUILD_COMMAND == "python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval"
 
 
 def test_geneval_digits_text_lists_the_prompts_digits_sorted():
-    from integrations.testbed.mnist_sd3_tasks import geneval_digits_text
+    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import geneval_digits_text
 
     assert geneval_digits_text("three 4s") == "444"
     assert geneval_digits_text("a 9 and a 2") == "29"
@@ -230,7 +230,7 @@ def test_geneval_digits_text_lists_the_prompts_digits_sorted():
 
 
 def test_the_reading_view_lays_the_rows_of_cells_side_by_side_dark_on_white():
-    from integrations.testbed.mnist_sd3_tasks import READING_GAP, canvas_reading_view
+    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import READING_GAP, canvas_reading_view
 
     canvas = torch.zeros(2, 3, 64, 64)
     canvas[0, 2, 5, 7] = 1.0  # a blue stroke pixel in the top row of cells ...
@@ -257,7 +257,7 @@ def exact_canvases():
 
 
 def test_the_reading_reward_reads_exact_compositions(exact_canvases):
-    from integrations.testbed.mnist_sd3_tasks import geneval_reading_reward
+    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import geneval_reading_reward
 
     images, prompts = exact_canvases
     reward = geneval_reading_reward()
@@ -270,8 +270,8 @@ def test_the_reading_reward_reads_exact_compositions(exact_canvases):
 
 
 def test_the_geneval_ocr_task_scores_each_image_with_both_rewards(untrained_folder, exact_canvases):
-    from integrations.diffusers_adapters.task import TotalReward
-    from integrations.testbed.mnist_sd3_tasks import GENEVAL_OCR_WEIGHTS, geneval_reading_reward, geneval_reward
+    from vgrpo_lib.integrations.diffusers_adapters.task import TotalReward
+    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import GENEVAL_OCR_WEIGHTS, geneval_reading_reward, geneval_reward
 
     config = build_config("vgrpo", "geneval_ocr", "mnist-sd3", [f"model.path={untrained_folder}"])
     assert config.task == "mnist-sd3/geneval_ocr" and config.advantage.multi_reward == "normalize_then_sum"

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
-from integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_a_plain_from_pretrained_loads_the_folder_and_draws_a_64x64_canvas():
 
 
 def test_the_shipped_card_records_the_rebuild_recipes_and_a_base_inside_the_band():
-    """``python -m integrations.testbed.pretrain mnist_sd3_geneval`` rebuilds what ships (the card's recipes and
+    """``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval`` rebuilds what ships (the card's recipes and
     layout are the module's), and the base's CFG-free GenEval overall lies in issue 11's 0.15-0.6 band, by the
     reward detector and by the judge, with CFG 4 clearly higher."""
     card = json.loads((G.PIPELINE_DIR / "card.json").read_text())

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from integrations.testbed.data import load_mnist
-from integrations.testbed.mnist_sd3 import prompts as P
-from integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline, clip_tokenizer
-from integrations.testbed.mnist_sd3.render import (
+from vgrpo_lib.integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as P
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline, clip_tokenizer
+from vgrpo_lib.integrations.testbed.mnist_sd3.render import (
     DIGIT_SIZE, NUMBER_SIZE, TINTS, classifier_view, grey, latent_shape, ocr_view, render_digits, render_numbers, tint,
 )
 
@@ -128,7 +128,7 @@ def test_numbers_are_drawn_with_real_digits_of_the_right_classes_at_their_positi
     ink = (g[:, 0].amax(dim=1) > 0).float()  # (4, W)
     assert ink[1].sum() > ink[0].sum()
     # the middle digit of "407" is a real MNIST zero: its 28x28 window is one of the pool's zeros
-    from integrations.testbed.mnist_sd3.render import MNIST_SIDE, NUMBER_STRIDE
+    from vgrpo_lib.integrations.testbed.mnist_sd3.render import MNIST_SIDE, NUMBER_STRIDE
     left = (NUMBER_SIZE[1] - MNIST_SIDE - 2 * NUMBER_STRIDE) // 2
     again = render_numbers(digits, labels, numbers, torch.Generator().manual_seed(0))
     assert torch.equal(images, again)
@@ -193,9 +193,9 @@ def test_save_pipeline_writes_a_folder_that_a_plain_from_pretrained_loads(tmp_pa
 
     from diffusers import StableDiffusion3Pipeline
 
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
-    from integrations.testbed.mnist_sd3.card import model_card
-    from integrations.testbed.mnist_sd3.train import save_pipeline
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.card import model_card
+    from vgrpo_lib.integrations.testbed.mnist_sd3.train import save_pipeline
 
     pipe = build_pipeline(seed=1)
     card = json.loads((PIPELINE_DIR / "card.json").read_text())  # a complete card, for the default writer
@@ -226,7 +226,7 @@ def test_one_token_with_multiplicity_m_equals_m_identical_zero_tokens():
     from diffusers import SD3Transformer2DModel
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-    from integrations.testbed.mnist_sd3.train import MultiplicityAttnProcessor
+    from vgrpo_lib.integrations.testbed.mnist_sd3.train import MultiplicityAttnProcessor
 
     torch.manual_seed(0)
     model = SD3Transformer2DModel(sample_size=4, patch_size=2, in_channels=4, out_channels=4, num_layers=3,
@@ -257,7 +257,7 @@ def test_one_token_with_multiplicity_m_equals_m_identical_zero_tokens():
 def shipped():
     from diffusers import StableDiffusion3Pipeline
 
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
     # SD3 without T5 (what the preset loads): no zero tokens at max_sequence_length=0
     return StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None,
@@ -265,7 +265,7 @@ def shipped():
 
 
 def test_the_null_t5_encodes_every_prompt_to_exact_zeros():
-    from integrations.testbed.mnist_sd3.build import JOINT_ATTENTION_DIM, null_t5
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import JOINT_ATTENTION_DIM, null_t5
 
     encoder, tokenizer = null_t5()
     ids = tokenizer(["the number 407", "a handwritten seven", ""], padding="max_length", max_length=256,
@@ -278,7 +278,7 @@ def test_the_null_t5_encodes_every_prompt_to_exact_zeros():
 def test_a_plain_from_pretrained_loads_and_conditions_exactly_as_the_t5_free_pipeline(shipped):
     from diffusers import StableDiffusion3Pipeline
 
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
     plain = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float32)
     assert type(plain.text_encoder_3).__name__ == "T5EncoderModel"
@@ -302,20 +302,20 @@ def test_shipped_pipeline_loads_in_float32_with_the_real_classes(shipped):
     assert shipped.text_encoder_3 is None
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         assert all(p.dtype == torch.float32 for p in getattr(shipped, name).parameters()), name
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
     size = sum(f.stat().st_size for f in PIPELINE_DIR.rglob("*") if f.is_file())
     assert size <= 15e6
 
 
 def test_the_shipped_card_records_the_rebuild_recipes():
-    """``python -m integrations.testbed.pretrain mnist_sd3`` rebuilds what ships: the shipped card's VAE and flow
+    """``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3`` rebuilds what ships: the shipped card's VAE and flow
     recipes are the module's ``VAE_RECIPE`` / ``FLOW_RECIPE``, and its CFG-free accuracies lie in the 15-75% band
     that leaves both tasks headroom (issue 10), with CFG clearly higher."""
     import json
 
-    from integrations.testbed.mnist_sd3.build import PIPELINE_DIR
-    from integrations.testbed.mnist_sd3.train import FLOW_RECIPE, VAE_RECIPE
+    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_sd3.train import FLOW_RECIPE, VAE_RECIPE
 
     card = json.loads((PIPELINE_DIR / "card.json").read_text())
     assert card["vae_recipe"] == VAE_RECIPE and card["flow_recipe"] == FLOW_RECIPE
@@ -339,8 +339,8 @@ def test_encode_prompt_separates_prompts_and_is_deterministic(shipped):
 
 def test_vae_round_trip_keeps_the_classifier_accuracy(shipped):
     """Tolerance: on 300 held-out digits the classifier reads reconstructions at >= 95% of its accuracy on originals."""
-    from integrations.testbed.checkpoints import load_pretrained
-    from integrations.testbed.mnist_sd3.train import round_trip_accuracy
+    from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+    from vgrpo_lib.integrations.testbed.mnist_sd3.train import round_trip_accuracy
 
     digits, labels = load_mnist("eval")
     result = round_trip_accuracy(shipped.vae, load_pretrained("classifier"), digits[::5][:300], labels[::5][:300], None)

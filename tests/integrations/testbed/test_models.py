@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from integrations.testbed.models import DigitClassifier, JudgeClassifier, VelocityMLP, build_model
+from vgrpo_lib.integrations.testbed.models import DigitClassifier, JudgeClassifier, VelocityMLP, build_model
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ about one standard error; the model cards record the 1,000-sample numbers.
 import pytest
 import torch
 
-from integrations.testbed.checkpoints import read_card
-from integrations.testbed.data import load_mnist, to_model_space
-from integrations.testbed.tasks import get_task
+from vgrpo_lib.integrations.testbed.checkpoints import read_card
+from vgrpo_lib.integrations.testbed.data import load_mnist, to_model_space
+from vgrpo_lib.integrations.testbed.tasks import get_task
 from vgrpo_lib.elbo import ELBOSurrogate
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from integrations.testbed.checkpoints import load_pretrained
-from integrations.testbed.data import load_mnist
-from integrations.testbed.rewards import (
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.rewards import (
     DigitCorrect,
     DigitProbability,
     StrokeThickness,

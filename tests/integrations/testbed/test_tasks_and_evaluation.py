@@ -6,10 +6,10 @@ import matplotlib.image
 import pytest
 import torch
 
-from integrations.testbed.data import load_mnist, make_pairs
-from integrations.testbed.evaluation import diversity, evaluate, sample_grid_png
-from integrations.testbed.rewards import WeightedReward
-from integrations.testbed.tasks import TASKS, get_task
+from vgrpo_lib.integrations.testbed.data import load_mnist, make_pairs
+from vgrpo_lib.integrations.testbed.evaluation import diversity, evaluate, sample_grid_png
+from vgrpo_lib.integrations.testbed.rewards import WeightedReward
+from vgrpo_lib.integrations.testbed.tasks import TASKS, get_task
 
 EXPECTED_KEYS = {"num_samples", "reward_mean", "accuracy", "slot_accuracy", "accuracy_per_prompt",
                  "judge_accuracy", "judge_gap", "diversity"}
