@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from vgrpo_lib.algorithms.config import ALGORITHMS, TrainConfig, apply_overrides
+from vgrpo_lib.algorithms.config import ALGORITHMS
 from vgrpo_lib.algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
     RunDirError, UsageError, filesystem_message,
 )
-from vgrpo_lib.algorithms.presets import PRESETS, preset_overrides, task_namespace, task_overrides
+from vgrpo_lib.algorithms.presets import PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
 from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
@@ -41,17 +42,6 @@ from vgrpo_lib.integrations.task_registry import resolve_task_name
 from vgrpo_lib.algorithms.trainer import RewardError, Trainer
 from vgrpo_lib.integrations.distributed import init_from_env
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
-
-
-def build_config(algo: str, task: str | None, preset: str, overrides: list[str]) -> TrainConfig:
-    """Defaults, then ``algo`` and the preset's overrides, then ``--task`` (a pipeline preset's own task by its short
-    name: ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the
-    user's ``key=value`` overrides. An unknown task is a ValueError listing the valid ones."""
-    preset_config = apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides(preset, algo)])
-    name = resolve_task_name(task or preset_config.task, task_namespace(preset))
-    config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name, algo), *overrides])
-    resolve_task_name(config.task)  # a task=... override is checked too
-    return config
 
 
 def _train(args) -> int:
@@ -174,8 +164,21 @@ def task_choices() -> list[str]:
     return sorted(set(names) | {name.split("/", 1)[1] for name in names if "/" in name})
 
 
-def make_parser() -> argparse.ArgumentParser:
-    """The ``vgrpo`` argument parser: ``train``, ``sample``, ``eval``, ``export`` and ``compress``."""
+@dataclass(frozen=True)
+class Command:
+    """A ``vgrpo`` subcommand that another layer adds to :func:`make_parser` (the benchmarks add theirs this way):
+    its ``name``, the ``help`` line of ``vgrpo --help``, ``add_arguments(subparser)`` declaring its flags, and
+    ``handler(args) -> exit status``."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
+    """The ``vgrpo`` argument parser: ``train``, ``sample``, ``eval``, ``export`` and ``compress``, then each of
+    ``extra_commands`` in order. A name taken twice is a ValueError naming it."""
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -215,6 +218,12 @@ def make_parser() -> argparse.ArgumentParser:
                                    "eval.jsonl -> NAME.gz), read back unchanged by every command")
     compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's --out)")
     compress.set_defaults(handler=_compress)
+    for command in extra_commands:
+        if command.name in commands.choices:
+            raise ValueError(f"extra_commands: the command name {command.name!r} is taken")
+        subparser = commands.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(subparser)
+        subparser.set_defaults(handler=command.handler)
     return parser
 
 

@@ -15,13 +15,15 @@ The benchmarks sit on top of the algorithms layer, so the command is assembled h
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from vgrpo_lib.algorithms import cli as training_cli
+from vgrpo_lib.algorithms.cli import Command
 from vgrpo_lib.algorithms.presets import PIPELINES
 from vgrpo_lib.benchmarks.compare import SELECTIONS
 
-__all__ = ["main"]
+__all__ = ["BENCHMARK_COMMANDS", "main", "make_parser"]
 
 
 def _compare(args) -> int:
@@ -56,10 +58,9 @@ def _pipeline(preset: str) -> str | None:
 
 
 BENCHMARK_PRESETS = ("testbed", *PIPELINES)
-def make_parser():
-    parser = training_cli.make_parser()
-    commands = next(a for a in parser._actions if a.dest == "command")
-    compare = commands.add_parser("compare", help="V-GRPO against its baselines and peers, tuned alike, on one task")
+
+
+def _compare_arguments(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model to compare on")
     compare.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
     compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
@@ -70,15 +71,17 @@ def make_parser():
                          help="the target whose time selects each algorithm's setting on the tuning seed")
     compare.add_argument("--out", required=True)
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")
-    compare.set_defaults(handler=_compare)
-    estimators = commands.add_parser("estimators", help="the estimator lab: noise of each surrogate design")
+
+
+def _estimators_arguments(estimators: argparse.ArgumentParser) -> None:
     estimators.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the rollout")
     estimators.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
     estimators.add_argument("--quick", action="store_true")
     estimators.add_argument("--out", required=True)
     estimators.add_argument("overrides", nargs="*", help="config overrides of the rollout's task and model")
-    estimators.set_defaults(handler=_estimators)
-    ablations = commands.add_parser("ablations", help="training-level ablations (paper) or the regime map (regime)")
+
+
+def _ablations_arguments(ablations: argparse.ArgumentParser) -> None:
     ablations.add_argument("--set", choices=("paper", "regime"), default="paper")
     ablations.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the paper set")
     ablations.add_argument("--task", default="digit", help=f"the paper set's task: {training_cli.TASK_HELP}")
@@ -87,8 +90,19 @@ def make_parser():
     ablations.add_argument("--cells", nargs="+", default=None, help="run only these cells of the set (names as listed)")
     ablations.add_argument("--out", required=True)
     ablations.add_argument("overrides", nargs="*", help="config overrides applied to every run")
-    ablations.set_defaults(handler=_ablations)
-    return parser
+
+
+BENCHMARK_COMMANDS = (
+    Command("compare", "V-GRPO against its baselines and peers, tuned alike, on one task", _compare_arguments, _compare),
+    Command("estimators", "the estimator lab: noise of each surrogate design", _estimators_arguments, _estimators),
+    Command("ablations", "training-level ablations (paper) or the regime map (regime)", _ablations_arguments,
+            _ablations),
+)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The ``vgrpo`` parser: the training commands and :data:`BENCHMARK_COMMANDS`."""
+    return training_cli.make_parser(extra_commands=BENCHMARK_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
