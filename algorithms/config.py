@@ -34,7 +34,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -489,6 +489,17 @@ class TrainConfig:
 
     def __post_init__(self):
         validate(self)
+
+    @classmethod
+    def for_algo(cls, algo: str, preset: str = "testbed", task: str | None = None,
+                 overrides: Sequence[str] = ()) -> TrainConfig:
+        """A valid config for ``algo``: the defaults, then the preset's settings for it (``testbed``: each
+        algorithm's testbed default; see :mod:`vgrpo_lib.algorithms.presets`), then ``task`` and its preset
+        settings, then ``overrides`` (``key=value``): what ``vgrpo train --algo A --preset P --task T ...`` runs.
+        ``TrainConfig.for_algo("diffusion_nft")`` is DiffusionNFT at its testbed settings."""
+        from vgrpo_lib.algorithms.presets import build_config  # the presets are built on this module
+
+        return build_config(algo, task, preset, list(overrides))
 
     def to_dict(self) -> dict:
         """What ``config.json`` holds: every key the chosen algorithm uses (not the other algorithms' sections, not

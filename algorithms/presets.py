@@ -17,6 +17,16 @@ need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :fun
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
+from vgrpo_lib.integrations.tasks.registry import resolve_task_name
+
+__all__ = [
+    "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
+    "build_config", "preset_overrides", "task_namespace", "task_overrides",
+]
+
 TESTBED = {
     # One gradient step per rollout with soft-clipped advantages (the paper's preference-stage setting) and
     # an x-space KL to the base policy. Swept on `digit` (60 iterations, seed 0): lr 3e-4 reaches 100% by
@@ -193,6 +203,8 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
     if preset in OFFICIAL_ON_PIPELINE:
         return [*_common_then_own(PIPELINES[OFFICIAL_ON_PIPELINE[preset]], algo), *OFFICIAL[algo]]
     if preset in PAPER:
+        if algo != "vgrpo":
+            raise ValueError(f"The {preset!r} preset is the V-GRPO paper's setting; it covers vgrpo, not {algo!r}.")
         return list(PAPER[preset])
     if preset in PIPELINES:
         if algo not in PIPELINES[preset]:
@@ -212,3 +224,15 @@ def _common_then_own(settings: dict, algo: str) -> list[str]:
     """``settings["common"]`` then ``settings[algo]`` (either may be absent): the shape of ``PIPELINES`` and
     ``PIPELINE_TASKS`` entries."""
     return [*settings.get("common", []), *settings.get(algo, [])]
+
+
+def build_config(algo: str, task: str | None, preset: str, overrides: Sequence[str]) -> TrainConfig:
+    """Defaults, then ``algo`` and the preset's overrides, then ``--task`` (a pipeline preset's own task by its short
+    name: ``--preset mnist-sd3 --task ocr`` is ``task=mnist-sd3/ocr``) and that task's preset settings, then the
+    user's ``key=value`` overrides. An unknown task is a ValueError listing the valid ones. What ``vgrpo train``
+    runs; :meth:`TrainConfig.for_algo` is the same with keyword defaults."""
+    preset_config = apply_overrides(TrainConfig(), [f"algo={algo}", *preset_overrides(preset, algo)])
+    name = resolve_task_name(task or preset_config.task, task_namespace(preset))
+    config = apply_overrides(preset_config, [f"task={name}", *task_overrides(name, algo), *overrides])
+    resolve_task_name(config.task)  # a task=... override is checked too
+    return config

@@ -24,7 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
 

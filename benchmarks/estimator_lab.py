@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, pyplot, save_figure
 from vgrpo_lib.algorithms.tasks import load_task, repeat_each, rollout_grid

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.costs import ITERATION_PHASES
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer

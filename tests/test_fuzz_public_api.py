@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torch import nn
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.config import OPTIONS, AlgorithmSection, TrainConfig, apply_overrides, valid_keys
 from vgrpo_lib import (
     DiffusionNFTLoss,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 
 TINY = [
     "task=digits8",

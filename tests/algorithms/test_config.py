@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vgrpo_lib.algorithms.cli import build_config
 from vgrpo_lib.algorithms.config import ALGORITHMS, OPTIONS, AlgorithmSection, FlowGRPOConfig, TrainConfig, apply_overrides, valid_keys
-from vgrpo_lib.algorithms.presets import preset_overrides
+from vgrpo_lib.algorithms.presets import PAPER, PRESETS, build_config, preset_overrides
 
 
 def test_json_round_trip_of_an_overridden_config():
@@ -129,6 +128,27 @@ def test_an_algorithm_section_is_one_dataclass_and_one_field():
     assert set(ALGORITHMS) == {a for s in sections if isinstance(s, AlgorithmSection) for a in s.algorithms}
     assert set(ALGORITHMS) == set(ALGORITHM_CLASSES)
     assert OPTIONS["flow_grpo.kl_form"] == FlowGRPOConfig.__dataclass_fields__["kl_form"].metadata["choices"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_for_algo_returns_a_valid_config_for_every_algorithm_and_preset(algo, preset):
+    if preset in PAPER and algo != "vgrpo":  # the paper's settings are V-GRPO's
+        with pytest.raises(ValueError, match=f"{preset!r} preset is the V-GRPO paper's setting; it covers vgrpo"):
+            TrainConfig.for_algo(algo, preset=preset)
+        return
+    config = TrainConfig.for_algo(algo, preset=preset)
+    assert config.algo == algo
+    assert config == build_config(algo, None, preset, [])
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config
+
+
+def test_for_algo_takes_a_task_and_overrides_after_the_preset():
+    config = TrainConfig.for_algo("diffusion_nft", preset="mnist-sd3", task="ocr", overrides=["optim.lr=2e-4"])
+    assert (config.task, config.optim.lr) == ("mnist-sd3/ocr", 2e-4)
+    assert TrainConfig.for_algo("diffusion_nft") == build_config("diffusion_nft", None, "testbed", [])
+    with pytest.raises(ValueError, match="Unknown preset 'sd4'"):
+        TrainConfig.for_algo("vgrpo", preset="sd4")
 
 
 def test_presets_apply_and_unknown_preset_is_refused():

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vgrpo_lib.algorithms.cli import build_config
 from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
 from vgrpo_lib.algorithms.policies import Policies
-from vgrpo_lib.algorithms.presets import OFFICIAL, preset_overrides
+from vgrpo_lib.algorithms.presets import OFFICIAL, build_config, preset_overrides
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.testbed.sampling import null_prompts
 from tests.algorithms.conftest import TINY

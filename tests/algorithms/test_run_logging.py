@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.config import apply_overrides
 from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.run_logging import resolve_backend

@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import build_config  # noqa: E402
-from vgrpo_lib.algorithms.presets import OFFICIAL  # noqa: E402
+from vgrpo_lib.algorithms.presets import OFFICIAL, build_config  # noqa: E402
 from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
 from vgrpo_lib.benchmarks.ablations import run_ablations  # noqa: E402
 from vgrpo_lib.benchmarks.cli import main as vgrpo  # noqa: E402

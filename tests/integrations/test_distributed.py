@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from vgrpo_lib.algorithms.cli import build_config
+from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations import distributed

@@ -12,7 +12,8 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import build_config, main as cli_main  # noqa: E402
+from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
+from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
 from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task, rollout_grid  # noqa: E402
 from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import build_config  # noqa: E402
+from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask  # noqa: E402
 from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS  # noqa: E402
