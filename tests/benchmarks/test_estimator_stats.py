@@ -159,13 +159,13 @@ def test_median_ratio_interval():
     assert most["ratio"] is None and most["interval"] is None
     # Finite medians but too many resamples with an infinite one: the ratio stands, the interval does not, and the
     # summary's cell says why instead of showing a bare number.
-    from vgrpo_lib.benchmarks.compare import _ratio_cell
+    from vgrpo_lib.benchmarks.compare import ratio_cell
 
     thin = median_ratio_interval([1.0, 1.0, 1.0, None, None], [2.0, 2.0, 2.0, None, None])
     assert thin["ratio"] == 0.5 and thin["interval"] is None and 0.0 < thin["estimable_share"] < 0.9
-    assert _ratio_cell(thin) == f"0.50 (no interval: {thin['estimable_share']:.0%} of resamples estimable)"
-    assert _ratio_cell(half) == f"0.50 [{half['interval'][0]:.2f}, {half['interval'][1]:.2f}]"
-    assert _ratio_cell(most) == "—"
+    assert ratio_cell(thin) == f"0.50 (no interval: {thin['estimable_share']:.0%} of resamples estimable)"
+    assert ratio_cell(half) == f"0.50 [{half['interval'][0]:.2f}, {half['interval'][1]:.2f}]"
+    assert ratio_cell(most) == "—"
 
 
 def test_selection_key_orders_tuning_runs_by_the_named_target():
@@ -205,7 +205,7 @@ def test_every_variant_builds_every_step_control_with_an_equal_budget():
 
 
 def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
-    from vgrpo_lib.benchmarks.compare import _aggregate, markdown_table, summarise_run
+    from vgrpo_lib.benchmarks.compare import aggregate_seeds, markdown_table, summarise_run
 
     phases = {"rollout_s": 2.0, "reward_s": 0.5, "prepare_s": 0.5, "update_s": 1.0, "iteration_s": 4.0}
     metrics = [{"reward_mean": 0.1 * i, "train_seconds": 4.0 * (i + 1), "train_cpu_s": 8.0 * (i + 1),
@@ -220,7 +220,7 @@ def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
     runs = [summarise_run(metrics, [evaluation(0, 0.1, 0.2), evaluation(3, final, 0.4)], 0.15, 0.3) for final in (0.5, 0.7)]
     assert runs[0]["mean_rollout_s"] == 4.0 and runs[0]["mean_iteration_s"] == 8.0  # (2 + 4 + 6) / 3, (4 + 8 + 12) / 3
     assert (runs[0]["base_geneval/counting"], runs[0]["final_geneval/counting"]) == (0.1, 0.5)
-    row = _aggregate(runs) | {"step_control": "one_step", "lr": 1e-3}
+    row = aggregate_seeds(runs) | {"step_control": "one_step", "lr": 1e-3}
     assert row["final_geneval/counting"] == pytest.approx(0.6)
     protocol = {"tuning_seed": 100, "target": 0.15, "rule": "a rule", "base": 0.0, "ceiling": 0.2,
                 "heldout": {"target": 0.3, "rule": "the held-out rule", "base": 0.3, "ceiling": 0.3}}

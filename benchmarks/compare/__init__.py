@@ -1,0 +1,58 @@
+"""The controlled comparison: V-GRPO against its baselines and peers on the same task, base policy, prompts,
+reward, group size and iteration budget, under a protocol that favours no algorithm (issue 12):
+
+1. **Tuning** on ``TUNING_SEED``, which is not among the reported seeds. Every algorithm gets the same budget: the
+   grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as many for each): one gradient step
+   per rollout, two epochs over the rollout (with the algorithm's ratio clip where it has one), and the
+   several-steps setting of its own paper.
+2. **Target**, by a rule that depends on no algorithm's pilot, fixed after tuning and before any reported run:
+   ``base + TARGET_FRACTION * (ceiling - base)``, where ``base`` is the mean first-iteration training reward of
+   every tuning run (the base policy's) and ``ceiling`` the best smoothed training reward any tuning run reaches.
+   It is written to ``DIR/protocol.json`` before the reported runs start and stated in the summary. Beside it,
+   the same rule on the held-out evaluation reward (``heldout``: base the iteration-0 evaluation, ceiling the best
+   evaluation of any tuning run): the training reward is scored on each algorithm's own rollout, and rollouts
+   that are SDEs or have SDE windows score differently from the ODE at the same weights, while the evaluation
+   is one sampler for all; its clock ticks once per evaluation.
+3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
+   final reward); ``select="heldout"`` selects by the held-out target instead (else the best final held-out
+   reward), the check that a training-reward target, biased between rollout samplers, did not decide the choice.
+4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
+   smoke tests and may use fewer).
+5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the
+   target (a seed that never reaches it counts as infinite), the same to the held-out target (``heldout_*``), and,
+   against ``REFERENCE`` (V-GRPO), the ratio of medians with a bootstrap 90% interval (seeds resampled within each
+   algorithm). ``protocol.json`` records which target selected (``selection``).
+
+Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`vgrpo_lib.algorithms.trainer`);
+time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes
+``DIR/protocol.json``, ``DIR/summary.json``, ``DIR/summary.md``, reward plots against wall-clock, NFE and gradient
+steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
+Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
+cores are compared; the other official settings are on (``--preset official``, README "Fidelity"). Run again
+with the same ``DIR``, an interrupted comparison continues: finished runs are read back from their tables (no
+checkpoint needed), a cut one resumes from its newest checkpoint (:func:`start_or_resume`).
+
+Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls default to
+``DEFAULT_STEP_CONTROLS``).
+"""
+
+from vgrpo_lib.benchmarks.compare.protocol import (
+    DEFAULT_STEP_CONTROLS, FLOW_GRPO_CORE, LEARNING_RATES, MIN_SEEDS, REFERENCE, SELECTIONS, SMOOTHING, TARGET_FRACTION,
+    TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, run_name, variant_preset,
+)
+from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
+from vgrpo_lib.benchmarks.compare.runner import FinishedRun, finished_run, run_compare, start_or_resume
+from vgrpo_lib.benchmarks.compare.stats import (
+    BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
+    heldout_target_rule, heldout_time_to_target, median_ratio_interval, selection_key, smoothed, summarise_run,
+    target_rule, time_to_target,
+)
+
+__all__ = [
+    "BOOTSTRAP_RESAMPLES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_RATIO_KEYS", "INTERVAL",
+    "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
+    "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
+    "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
+    "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
+    "summarise_run", "target_rule", "time_to_target", "variant_preset",
+]

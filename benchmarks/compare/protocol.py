@@ -1,0 +1,119 @@
+"""The protocol of the controlled comparison: the algorithms as it runs them (:data:`VARIANTS`), the tuning grid,
+the seeds, and the targets that may select each algorithm's setting (:data:`SELECTIONS`). The package doc of
+:mod:`vgrpo_lib.benchmarks.compare` states the whole protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS, build_config
+
+__all__ = [
+    "DEFAULT_STEP_CONTROLS", "FLOW_GRPO_CORE", "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING",
+    "TARGET_FRACTION", "TASK_OVERRIDES", "TUNING_SEED", "VARIANTS", "Selection", "Variant", "build", "check_selection",
+    "check_variants", "run_name", "variant_preset",
+]
+
+TUNING_SEED = 100
+MIN_SEEDS = 5
+TARGET_FRACTION = 0.8
+SMOOTHING = 3
+LEARNING_RATES = (1e-4, 3e-4, 1e-3)
+REFERENCE = "vgrpo"
+
+# One step per rollout; two epochs (clipped where the algorithm clips its ratio); two minibatches per rollout.
+DEFAULT_STEP_CONTROLS = {
+    "one_step": ("optim.epochs=1", "optim.minibatches=1"),
+    "two_epochs": ("optim.epochs=2", "optim.minibatches=1"),
+    "two_minibatches": ("optim.epochs=1", "optim.minibatches=2"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An algorithm as the comparison runs it: ``algo`` at ``preset`` with ``overrides``, tuned over
+    ``step_controls`` (name -> overrides) x the learning rates."""
+
+    algo: str
+    overrides: tuple[str, ...] = ()
+    step_controls: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_STEP_CONTROLS))
+    preset: str = "official"
+
+
+FLOW_GRPO_CORE = ("flow_grpo.ref_kl_coef=none", "flow_grpo.cfg_scale=1.0")
+VARIANTS: dict[str, Variant] = {
+    # The paper's preference-stage control (one step, soft-clipped advantages) replaces a plain two-minibatch
+    # setting; two epochs use the ratio clip (0.01) the paper uses over several steps.
+    "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), {
+        "one_step": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=none"),
+        "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
+        "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0"),
+    }),
+    # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
+    "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
+    # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).
+    "mixgrpo": Variant("flow_grpo", (*FLOW_GRPO_CORE, "flow_grpo.timestep_fraction=1.0", "flow_grpo.window_size=4",
+                                     "flow_grpo.window_shift_interval=10")),
+    # Official: one gradient step per rollout (GenEval, PickScore), two minibatches for OCR.
+    "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.ref_kl_coef=none",)),
+    # The peers (README "The closest peers"), each at its official settings with the base-policy KL off.
+    # FPO: its paper's several steps per rollout are the PPO epochs (two_epochs, clip 0.05).
+    "fpo": Variant("fpo"),
+    # AWM: official one on-policy step; its KL to the soft-updated copy is its own step control and stays on.
+    "awm": Variant("awm", ("awm.ref_kl_coef=none",)),
+    "grpo_guard": Variant("grpo_guard", FLOW_GRPO_CORE),
+    "flow_grpo_fast": Variant("flow_grpo_fast", FLOW_GRPO_CORE),
+}
+TASK_OVERRIDES = {"pair": ["eval.per_prompt=4"]}
+
+
+def variant_preset(variant: str, pipeline: str | None) -> str:
+    """The preset ``variant`` runs at: its own (``official``), or that preset on a pipeline (``official-mnist-sd3``)."""
+    preset = VARIANTS[variant].preset if pipeline is None else f"{VARIANTS[variant].preset}-{pipeline}"
+    if preset not in PRESETS:
+        raise ValueError(f"No preset {preset!r} for the comparison on {pipeline!r}; pipelines: "
+                         f"{', '.join(OFFICIAL_ON_PIPELINE.values())}.")
+    return preset
+
+
+def build(variant: str, task: str, seed: int, lr: float, control: str, overrides: list[str], pipeline: str | None = None) -> TrainConfig:
+    """The config of one run: ``variant``'s preset (on ``pipeline`` if given), its overrides and step ``control``,
+    the task's comparison overrides, ``seed``, learning rate ``lr``, then ``overrides`` (the budget and the user's)."""
+    v = VARIANTS[variant]
+    extra = [*v.overrides, *v.step_controls[control], *TASK_OVERRIDES.get(task, []), f"seed={seed}", f"optim.lr={lr}",
+             *overrides]
+    return build_config(v.algo, task, variant_preset(variant, pipeline), extra)
+
+
+def run_name(variant: str, control: str, lr: float, seed: int) -> str:
+    """The folder under ``DIR/runs`` of one run of the comparison."""
+    return f"{variant}_{control}_lr{lr:g}_seed{seed}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A target that can choose each algorithm's setting: the summary columns of its time to target and of the
+    final reward that breaks ties among settings that never reach it, and its name in the summary."""
+
+    time_key: str
+    reward_key: str
+    label: str
+
+
+SELECTIONS = {"training": Selection("time_to_target_s", "final_reward", "training-reward"),
+              "heldout": Selection("heldout_time_to_target_s", "final_eval_reward", "held-out")}
+
+
+def check_selection(by: str) -> None:
+    if by not in SELECTIONS:
+        raise ValueError(f"select/by={by!r}: expected one of {sorted(SELECTIONS)} (the target that selects)")
+
+
+def check_variants(variants) -> None:
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"Unknown variant(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(VARIANTS)}.")
+    sizes = {v: len(VARIANTS[v].step_controls) for v in variants}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")

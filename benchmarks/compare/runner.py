@@ -1,0 +1,131 @@
+"""Running the controlled comparison: :func:`run_compare` tunes, fixes the targets, runs the reported seeds and
+writes the summary; an interrupted comparison continues where it stopped (:func:`start_or_resume`)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.benchmarks.compare.protocol import (
+    LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_selection, check_variants,
+    run_name,
+)
+from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves
+from vgrpo_lib.benchmarks.compare.stats import (
+    HELDOUT_RATIO_KEYS, TRAINING_RATIO_KEYS, aggregate_seeds, heldout_target_rule, median_ratio_interval,
+    selection_key, summarise_run, target_rule,
+)
+
+__all__ = ["FinishedRun", "finished_run", "run_compare", "start_or_resume"]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that reached its last iteration, read back from its tables: all a comparison uses of it."""
+
+    metrics: list[dict]
+    evaluations: list[dict]
+
+
+def finished_run(config, run_dir: Path) -> FinishedRun | None:
+    """The run of ``config`` in ``run_dir`` read back from ``metrics.csv`` and ``eval.jsonl`` if it is finished
+    (every iteration's row and the last iteration's evaluation written), else None. Needs no checkpoint, so a
+    comparison copied without its checkpoints (as results/ keeps them) is summarised or continued as it is."""
+    run = RunDir(run_dir)
+    metrics, evaluations = run.read_rows("metrics.csv"), run.read_jsonl("eval.jsonl")
+    if [row["iteration"] for row in metrics] != list(range(config.iterations)):
+        return None
+    if not evaluations or evaluations[-1]["iteration"] != config.iterations:
+        return None
+    return FinishedRun(metrics, evaluations)
+
+
+def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
+    """A new run of ``config`` in ``run_dir``; or the run already there: read back if finished
+    (:func:`finished_run`), else continued from its newest checkpoint, so that an interrupted comparison picks
+    up where it stopped. A run of another config there is refused."""
+    if not (run_dir / "config.json").exists():
+        return Trainer(config, run_dir, progress=False)
+    if RunDir(run_dir).train_config().to_json() != config.to_json():
+        raise ValueError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
+                         f"another --out.")
+    return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)
+
+
+def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
+                variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
+                iterations: int | None = None, pipeline: str | None = None, select: str = "training") -> dict:
+    """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
+    (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
+    names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``)."""
+    check_selection(select)
+    if seeds < MIN_SEEDS and not quick:
+        raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
+    check_variants(variants)
+    out = Path(out)
+    iterations = iterations or (30 if quick else 80)
+    budget = [f"iterations={iterations}", "eval.every=10"]
+    extra = budget + list(overrides or [])
+    for variant in variants:  # every setting must build before any run starts
+        for control in VARIANTS[variant].step_controls:
+            build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
+
+    total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) + seeds)
+    counter = itertools.count(1)
+
+    def train(variant: str, seed: int, lr: float, control: str) -> Trainer | FinishedRun:
+        config = build(variant, task, seed, lr, control, extra, pipeline)
+        start = time.monotonic()
+        run = start_or_resume(config, out / "runs" / run_name(variant, control, lr, seed))
+        if isinstance(run, Trainer):
+            run.train()
+        how = "read back" if isinstance(run, FinishedRun) else f"{(time.monotonic() - start) / 60:.1f} min"
+        print(f"[{next(counter)}/{total}] {variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
+              f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
+        return run
+
+    tuning = {variant: {(control, lr): train(variant, TUNING_SEED, lr, control)
+                        for control in VARIANTS[variant].step_controls for lr in learning_rates}
+              for variant in variants}
+    target = target_rule([t.metrics for runs in tuning.values() for t in runs.values()])
+    heldout = heldout_target_rule([t.evaluations for runs in tuning.values() for t in runs.values()])
+    chosen, sweep = {}, {}
+    for variant, runs in tuning.items():
+        results = {key: summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"])
+                   for key, t in runs.items()}
+        chosen[variant] = min(results, key=lambda key: selection_key(results[key], by=select))
+        sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
+    protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
+                "overrides": list(overrides or []), "learning_rates": list(learning_rates),
+                "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
+                "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
+    atomic_write_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
+    print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
+
+    runs, curves = {}, {}
+    for variant in variants:
+        control, lr = chosen[variant]
+        trainers = [train(variant, seed, lr, control) for seed in range(seeds)]
+        runs[variant] = [summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"]) for t in trainers]
+        curves[variant] = [t.metrics for t in trainers]
+    ratios = {}
+    if REFERENCE in runs:
+        for variant in runs:
+            if variant != REFERENCE:
+                ratios[variant] = {key: median_ratio_interval([r[key] for r in runs[REFERENCE]], [r[key] for r in runs[variant]])
+                                   for key in TRAINING_RATIO_KEYS + HELDOUT_RATIO_KEYS}
+    summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
+               "algorithms": {v: aggregate_seeds(r) | protocol["chosen"][v] for v, r in runs.items()},
+               "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "summary.md", markdown_table(summary))
+    for x_key, label in (("train_seconds", "wall-clock seconds"), ("nfe_cumulative", "NFE per sample"),
+                         ("grad_steps", "gradient steps")):
+        plot_curves(curves, x_key, label, target["target"], out / f"reward_vs_{x_key}.png")
+    return summary

@@ -1,0 +1,164 @@
+"""The statistics of the controlled comparison: smoothed training reward, the two target rules, time (wall-clock,
+CPU), NFE and gradient steps to a target, one run's summary row, medians over seeds and the bootstrap interval of
+a ratio of medians, and the sort key that selects a tuning setting."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+from vgrpo_lib.algorithms.costs import ITERATION_PHASES
+from vgrpo_lib.benchmarks.compare.protocol import SELECTIONS, SMOOTHING, TARGET_FRACTION, check_selection
+
+__all__ = [
+    "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
+    "TRAINING_RATIO_KEYS", "aggregate_seeds", "heldout_target_rule", "heldout_time_to_target", "median_ratio_interval",
+    "selection_key", "smoothed", "summarise_run", "target_rule", "time_to_target",
+]
+
+BOOTSTRAP_RESAMPLES = 2000
+INTERVAL = 0.9
+DIAGNOSTICS = ("clip_fraction", "clip_fraction_active", "approx_kl_k3", "approx_kl_sq")
+TRAINING_RATIO_KEYS = ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target")
+HELDOUT_RATIO_KEYS = ("heldout_time_to_target_s", "heldout_nfe_to_target")
+
+
+def smoothed(metrics: list[dict]) -> list[float]:
+    """Training reward averaged over the last ``SMOOTHING`` iterations, per iteration."""
+    rewards = [m["reward_mean"] for m in metrics]
+    return [statistics.mean(rewards[max(0, i - SMOOTHING + 1): i + 1]) for i in range(len(rewards))]
+
+
+def _rule(bases: list[float], ceilings: list[float], fraction: float, measured: str) -> dict:
+    base, ceiling = statistics.mean(bases), max(ceilings)
+    return {"base": base, "ceiling": ceiling, "fraction": fraction, "target": base + fraction * (ceiling - base),
+            "rule": f"base + {fraction} x (ceiling - base); {measured}"}
+
+
+def target_rule(tuning_curves: list[list[dict]], fraction: float = TARGET_FRACTION) -> dict:
+    """``base + fraction * (ceiling - base)`` from the tuning runs of every algorithm (see the module doc)."""
+    return _rule([curve[0]["reward_mean"] for curve in tuning_curves], [max(smoothed(curve)) for curve in tuning_curves],
+                 fraction, f"base: mean first-iteration training reward of every tuning run; ceiling: best "
+                           f"{SMOOTHING}-iteration smoothed training reward of any tuning run")
+
+
+def heldout_target_rule(tuning_evaluations: list[list[dict]], fraction: float = TARGET_FRACTION) -> dict:
+    """The same rule on the held-out evaluation reward, which one sampler (CFG-free Euler ODE, the evaluation
+    seeds) scores for every algorithm, unlike the training reward, scored on each algorithm's own rollout."""
+    return _rule([runs[0]["reward_mean"] for runs in tuning_evaluations],
+                 [max(e["reward_mean"] for e in runs) for runs in tuning_evaluations], fraction,
+                 "base: mean iteration-0 held-out evaluation reward of every tuning run (the base policy's); "
+                 "ceiling: best held-out evaluation reward of any tuning run")
+
+
+TO_TARGET = {"time_to_target_s": "train_seconds", "cpu_time_to_target_s": "train_cpu_s",
+             "nfe_to_target": "nfe_cumulative", "steps_to_target": "grad_steps"}
+OPTIONAL_COSTS = ("train_cpu_s",)  # runs made before the trainer logged CPU time have none
+
+
+def _costs_at(row: dict | None, prefix: str = "") -> dict:
+    """Wall-clock and CPU seconds, NFE and gradient steps of the run at ``row`` (None for each when None). A
+    row without one of them (CPU time aside) is a KeyError, not a target silently never reached."""
+    if row is None:
+        return {prefix + key: None for key in TO_TARGET}
+    return {prefix + key: row.get(column) if column in OPTIONAL_COSTS else row[column] for key, column in TO_TARGET.items()}
+
+
+def time_to_target(metrics: list[dict], target: float) -> dict:
+    """First iteration whose smoothed training reward reaches ``target``: wall-clock and CPU seconds, NFE and
+    gradient steps then (None where it never does)."""
+    return _costs_at(next((row for row, value in zip(metrics, smoothed(metrics)) if value >= target), None))
+
+
+def heldout_time_to_target(evaluations: list[dict], target: float) -> dict:
+    """The same at the first evaluation after the base one (iteration 0) whose held-out reward reaches ``target``,
+    keys prefixed ``heldout_``. Its clock ticks once per evaluation (``eval.every`` iterations)."""
+    return _costs_at(next((e for e in evaluations if e["iteration"] > 0 and e["reward_mean"] >= target), None),
+                     "heldout_")
+
+
+def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, heldout_target: float) -> dict:
+    """One run's row of the summary from its ``metrics`` (one row per iteration) and ``evaluations`` (the base one
+    first): costs to ``target`` and to ``heldout_target``, final rewards and evaluation, cost per iteration and per
+    phase, the ratio diagnostics and the evaluation's breakdowns (base and final)."""
+    final = evaluations[-1]
+    tail = [m["reward_mean"] for m in metrics[-SMOOTHING:]]
+    out = {
+        **time_to_target(metrics, target),
+        **heldout_time_to_target(evaluations, heldout_target),
+        "final_reward": statistics.mean(tail),
+        "final_eval_reward": final["reward_mean"],
+        "final_accuracy": final.get("accuracy"),
+        "judge_accuracy": final.get("judge_accuracy"),
+        "judge_gap": final.get("judge_gap"),
+        "diversity": final.get("diversity"),
+        "base_accuracy": evaluations[0].get("accuracy"),
+        "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
+        "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
+        "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
+    }
+    # Where the time goes: mean seconds per iteration of each phase.
+    out.update({f"mean_{phase}": statistics.mean(m[phase] for m in metrics) for phase in ITERATION_PHASES})
+    # The ratio diagnostics, averaged over iterations, for the losses that have a ratio.
+    out.update({key: statistics.mean(m[key] for m in metrics) for key in DIAGNOSTICS if key in metrics[0]})
+    # The evaluation's breakdowns (``geneval/<category>``, ``judge_geneval/<category>``, ``reward/<name>``), base
+    # and final.
+    for key in sorted(k for k in final if "/" in k):
+        out[f"base_{key}"], out[f"final_{key}"] = evaluations[0][key], final[key]
+    return out
+
+
+def _finite(value) -> float:
+    return math.inf if value is None else float(value)
+
+
+def median_ratio_interval(reference: list, other: list, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                          level: float = INTERVAL, seed: int = 0) -> dict:
+    """``median(reference) / median(other)`` and its bootstrap ``level`` interval (each list resampled with
+    replacement on its own, ``resamples`` times, fixed RNG). None stands for a seed that never reached the
+    target (infinite); a ratio with an infinite median is reported as None (not estimable)."""
+    rng = random.Random(seed)
+    a, b = [_finite(v) for v in reference], [_finite(v) for v in other]
+
+    def ratio(x, y):
+        mx, my = statistics.median(x), statistics.median(y)
+        return None if math.isinf(mx) or math.isinf(my) or my == 0 else mx / my
+
+    draws = [ratio(rng.choices(a, k=len(a)), rng.choices(b, k=len(b))) for _ in range(resamples)]
+    finite = sorted(d for d in draws if d is not None)
+    tail = (1.0 - level) / 2
+    interval = None
+    if len(finite) >= 0.9 * resamples:  # at most 10% of the resamples not estimable
+        interval = [finite[int(tail * (len(finite) - 1))], finite[int((1 - tail) * (len(finite) - 1))]]
+    return {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
+            "estimable_share": len(finite) / resamples}
+
+
+def aggregate_seeds(per_seed: list[dict]) -> dict:
+    """One algorithm's row over seeds: the median of each cost to target (a seed that never reaches it counts as
+    infinite; an infinite median is None) and how many seeds reached it (``KEY_reached``, "3/5"); the mean and
+    standard deviation of every other value that no seed lacks."""
+    out = {}
+    for key in per_seed[0]:
+        values = [run[key] for run in per_seed]
+        if key.endswith("to_target") or key.endswith("to_target_s"):
+            median = statistics.median(_finite(v) for v in values)
+            out[key] = None if math.isinf(median) else median
+            out[f"{key}_reached"] = f"{sum(v is not None for v in values)}/{len(values)}"
+        elif all(v is not None for v in values):
+            out[key] = statistics.mean(values)
+            if len(values) > 1:
+                out[f"{key}_std"] = statistics.stdev(values)
+    return out
+
+
+
+def selection_key(result: dict, by: str = "training") -> tuple:
+    """Sort key of a tuning run (its :func:`summarise_run` row): reached the target first, then earlier, then the
+    higher final reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which
+    setting the held-out target would have chosen (``results/heldout_selection.py``)."""
+    check_selection(by)
+    selection = SELECTIONS[by]
+    time = result[selection.time_key]
+    return (time is None, 0.0 if time is None else time, -result[selection.reward_key])
