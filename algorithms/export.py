@@ -6,7 +6,8 @@
 ``export_policy`` (a diffusers task: the trained LoRA in the diffusers format, which
 ``Pipeline.load_lora_weights(DIR)`` reads; a testbed task: a float32 safetensors file and its JSON config, which
 ``load_pretrained(name, directory=DIR)`` reads) and ``README.md``, the model card: base model, algorithm, task and
-reward, iterations, and the run's last evaluation beside its first (the base policy's).
+reward, iterations, and the run's last evaluation beside its first (the base policy's). Every exported file gets the
+mode a plain ``open`` would give it (0644 under the usual umask 022), readable by whoever shares the model.
 
 The exported weights are the ones the run evaluates (:func:`load_run_policy`): the EMA of the trained weights when
 ``optim.ema_decay`` is set, else the trained weights.
@@ -22,6 +23,7 @@ from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import RunDirError
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
 from vgrpo_lib.algorithms.tasks import load_task
+from vgrpo_lib.integrations.atomic import plain_file_mode
 from vgrpo_lib.integrations.task_registry import TASK_ENTRIES
 from vgrpo_lib import __version__
 
@@ -68,7 +70,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     facts = task.export_policy(policy, out)
     atomic_write_text(out / "README.md", model_card(config, state, evaluations, facts))
-    return sorted(out.iterdir())
+    written = sorted(out.iterdir())
+    for path in written:  # safetensors (and so diffusers' save_lora_weights) makes its files 0600
+        if path.is_file():
+            path.chmod(plain_file_mode())
+    return written
 
 
 def model_card(config: TrainConfig, state: dict, evaluations: list[dict], facts: dict[str, str]) -> str:

@@ -19,6 +19,9 @@ and are read back with ``torch.load(weights_only=True)``.
 
 The lock (:meth:`RunDir.lock`) is an ``fcntl.flock`` on ``.lock``: the kernel releases it when its process dies,
 so the lock of a killed run is never in the way (its leftover "pid host" line is reported as stale and replaced).
+A run that ends (finished, or stopped by an error it raised) removes its lock file, while still holding it; a
+process that takes a lock checks, under the flock, that ``.lock`` is still the file it locked, so a lock file
+removed under a waiting process is never held twice.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class RunDir:
         self.root = Path(root)
         self.checkpoints = self.root / "checkpoints"
         self._lock_handle = None
+        self._lock_file_is_ours = False  # whether unlock() removes .lock: made by this or a killed run
 
     @property
     def config_path(self) -> Path:
@@ -207,16 +211,11 @@ class RunDir:
         if self._lock_handle is not None:
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.lock_path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "a process that has not written its pid yet"
-            handle.close()
-            raise self._in_use_error(holder) from None
+        handle, created = self._open_locked()
         handle.seek(0)
         stale = handle.read().strip()
+        # An empty .lock that this process did not make may be anyone's file: left in place at the end.
+        self._lock_file_is_ours = created or stale.startswith("pid ")
         if stale:
             warnings.warn(f"{self.lock_path}: the previous holder ({stale}) is gone without releasing it "
                           f"(killed?); taking it over.")
@@ -226,12 +225,45 @@ class RunDir:
         handle.flush()
         self._lock_handle = handle
 
+    def _open_locked(self):
+        """``.lock`` opened and exclusively flocked, and whether this call created it. Retried when the file was
+        removed or replaced between the open and the flock (its holder's :meth:`unlock`)."""
+        while True:
+            try:
+                handle, created = os.fdopen(os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), "r+"), True
+            except FileExistsError:
+                try:
+                    handle, created = open(self.lock_path, "r+"), False
+                except FileNotFoundError:  # removed since: try again
+                    continue
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that has not written its pid yet"
+                handle.close()
+                raise self._in_use_error(holder) from None
+            if self._is_lock_file(handle):
+                return handle, created
+            handle.close()  # we locked a removed file: the folder's .lock is another (or none)
+
+    def _is_lock_file(self, handle) -> bool:
+        """Whether ``handle`` is the file at ``.lock`` now (not one removed or replaced since it was opened)."""
+        try:
+            return os.path.samestat(os.fstat(handle.fileno()), os.stat(self.lock_path))
+        except FileNotFoundError:
+            return False
+
     def unlock(self) -> None:
-        """Release the lock (its file is left empty: a later run finds no stale holder)."""
+        """Release the lock and remove its file (when made by this run or a killed one, and still the folder's
+        ``.lock``; otherwise it is left empty: a later run finds no stale holder)."""
         if self._lock_handle is None:
             return
-        self._lock_handle.truncate(0)
-        self._lock_handle.flush()
+        if self._lock_file_is_ours and self._is_lock_file(self._lock_handle):
+            self.lock_path.unlink()  # under the flock: a process waiting on this file sees it gone and retries
+        else:
+            self._lock_handle.truncate(0)
+            self._lock_handle.flush()
         fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
         self._lock_handle.close()
         self._lock_handle = None

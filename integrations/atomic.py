@@ -23,6 +23,11 @@ def _umask() -> int:
     return mask
 
 
+def plain_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0666 minus the process's umask (0644 under the usual 022)."""
+    return 0o666 & ~_umask()
+
+
 def fsync_directory(path: str | os.PathLike) -> None:
     """Flush a folder's entries (a rename into it) to disk."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -42,7 +47,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        os.chmod(tmp, plain_file_mode())  # mkstemp made it 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

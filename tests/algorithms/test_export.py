@@ -74,3 +74,28 @@ def test_export_errors_are_one_line_with_exit_code_3(tiny_config, tmp_path, caps
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
     (tmp_path / "out" / "keep.txt").unlink()
     assert cli_main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0  # an empty folder is fine
+
+
+def test_exported_files_get_the_mode_of_a_plain_open_not_0600(tiny_config, tmp_path, monkeypatch):
+    """diffusers' ``save_lora_weights`` writes through safetensors, which makes its files 0600: an export is for
+    sharing, so every file gets ``0666 & ~umask`` (0644 under umask 022)."""
+    import os
+    import stat
+
+    from safetensors.torch import save_file
+
+    from vgrpo_lib.integrations.testbed import tasks as testbed_tasks
+
+    def export_like_diffusers(self, policy, directory):
+        save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, f"{directory}/lora.safetensors")
+        return {"base_model": "the testbed's", "usage": "..."}
+
+    _trained(tiny_config, tmp_path / "run")
+    monkeypatch.setattr(testbed_tasks.Task, "export_policy", export_like_diffusers)
+    previous = os.umask(0o022)
+    try:
+        files = export_run(tmp_path / "run", tmp_path / "out")
+    finally:
+        os.umask(previous)
+    assert [p.name for p in files] == ["README.md", "lora.safetensors"]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {"README.md": 0o644, "lora.safetensors": 0o644}

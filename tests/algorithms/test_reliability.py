@@ -56,8 +56,51 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_config, tmp_path):
     (run / ".lock").write_text("pid 999999 host gone-host\n")  # written by a killed run: no process holds it
     with pytest.warns(UserWarning, match=r"previous holder \(pid 999999 host gone-host\) is gone"):
         Trainer(tiny_config("vgrpo", "iterations=1"), run, progress=False).train()
-    assert (run / ".lock").read_text() == ""  # released at the end
+    assert not (run / ".lock").exists()  # a killed run's lock file: taken over, then removed at the end
     assert RunDir(run).lock_holder() is None
+
+
+def test_a_finished_run_removes_its_lock_file_but_never_a_file_it_did_not_make(tiny_config, tmp_path):
+    Trainer(tiny_config("vgrpo", "iterations=1"), tmp_path / "run", progress=False).train()
+    assert not (tmp_path / "run" / ".lock").exists()
+    assert (tmp_path / "run" / "config.json").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".lock").write_bytes(b"")  # an empty file of the user's, not a run's lock: kept
+    Trainer(tiny_config("vgrpo", "iterations=1"), mine, progress=False).train()
+    assert (mine / ".lock").read_bytes() == b""
+    refused = RunDir(tmp_path / "run")  # a lock taken and released by a refused start leaves nothing either
+    with pytest.raises(RunDirExists):
+        refused.take(fresh=True)
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_a_lock_file_removed_under_a_waiting_process_is_never_held_twice(tmp_path, monkeypatch):
+    """The race of removing a lock file: B opens ``.lock`` while A holds it; A finishes (removes the file, releases
+    it) and C takes a new ``.lock``; B's flock on the removed file succeeds, but B must see that it is not the
+    folder's lock any more and find C holding the real one."""
+    import builtins
+
+    import vgrpo_lib.algorithms.run_dir as run_dir_module
+
+    first, third = RunDir(tmp_path), RunDir(tmp_path)
+    first.lock()
+    opened = []
+
+    def open_then_race(path, *args, **kwargs):
+        handle = builtins.open(path, *args, **kwargs)
+        if not opened:
+            opened.append(path)
+            first.unlock()  # removes the file B just opened
+            third.lock()  # a new .lock, held
+        return handle
+
+    monkeypatch.setattr(run_dir_module, "open", open_then_race, raising=False)
+    with pytest.raises(RunDirInUse, match=rf"pid {os.getpid()} host "):
+        RunDir(tmp_path).lock()
+    assert opened and third.lock_holder() is not None
+    third.unlock()
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_out_refuses_a_non_empty_folder_that_is_not_a_run_and_writes_nothing(tiny_config, tmp_path):
