@@ -4,7 +4,7 @@
     vgrpo train --preset mnist-sd3 [--task digit|ocr] --out RUN_DIR      (the shipped diffusers pipeline)
     torchrun --nproc_per_node N -m vgrpo_lib.algorithms.cli train ...   (or: torchrun ... --no-python vgrpo train ...;
                                                              N processes, see vgrpo_lib.integrations.distributed)
-    vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz     (the base policy)
+    vgrpo sample [--preset P] [--task T] --per-prompt N --seed S --out FILE.npz [--grid FILE.png]  (base policy)
     vgrpo sample --run RUN_DIR --per-prompt N --seed S --out FILE.npz              (a trained policy)
     vgrpo eval --run RUN_DIR
     vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
@@ -90,6 +90,10 @@ def _sample(args) -> int:
     atomic_write_bytes(out, _npz_bytes(**arrays))
     shapes = ", ".join(f"{key} {value.shape}" for key, value in arrays.items())
     print(f"wrote {shapes} to {out} ({steps} steps, CFG-free)")
+    if args.grid:
+        policy_name = f"{config.algo} (run {Path(args.run).name})" if args.run else "base policy"
+        title = f"{policy_name} on {config.task}, seed {args.seed}, {steps} steps (vgrpo sample, CFG-free)"
+        print(f"sample grid: {task.write_samples(images, prompts, args.grid, title)}")
     return 0
 
 
@@ -191,7 +195,8 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     train.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. optim.lr=3e-4 vgrpo.num_pairs=8")
     train.set_defaults(handler=_train)
 
-    sample = commands.add_parser("sample", help="write CFG-free samples of a run (or the base policy) to .npz")
+    sample = commands.add_parser("sample", help="write CFG-free samples of a run (or the base policy) to .npz "
+                                 "(--grid: and a labelled PNG)")
     sample.add_argument("--run", default=None)
     sample.add_argument("--preset", choices=PRESETS, default=None, help="the base policy's preset (default testbed; "
                         "not with --run)")
@@ -200,6 +205,8 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     sample.add_argument("--seed", type=int, required=True)
     sample.add_argument("--steps", type=int, default=None, help="ODE steps (default: the evaluation's, eval.num_steps)")
     sample.add_argument("--out", required=True)
+    sample.add_argument("--grid", default=None, metavar="PNG", help="also write a labelled sample grid (one row per "
+                        "prompt) to this PNG file")
     sample.add_argument("overrides", nargs="*", help="config overrides of the base policy, e.g. model.device=cuda")
     sample.set_defaults(handler=_sample)
 

@@ -21,6 +21,9 @@ import torch
 from vgrpo_lib.integrations.atomic import atomic_write_bytes
 
 
+MAX_GRID_INCHES = 16.0  # the tallest a labelled grid's images are drawn (30 rows: about half an inch each)
+
+
 def pyplot():
     """matplotlib's pyplot on the non-interactive Agg backend (figures are files, never windows)."""
     import matplotlib
@@ -44,12 +47,16 @@ def tile(images: torch.Tensor, per_row: int, padding: int = 2) -> torch.Tensor:
     return grid
 
 
-def prompt_rows(num_images: int, per_prompt: int, max_per_row: int, max_rows: int) -> tuple[torch.Tensor, list[int]]:
+def prompt_rows(num_images: int, per_prompt: int, max_per_row: int, max_rows: int, spread: bool = False
+                ) -> tuple[torch.Tensor, list[int]]:
     """Which of ``num_images`` images (each prompt ``per_prompt`` times in a row) a grid shows: the first
-    ``min(per_prompt, max_per_row)`` of each of the first ``max_rows`` prompts. Returns their indices ``(n,)`` and the
-    index of each row's first image (where its prompt is)."""
-    rows, shown = min(num_images // per_prompt, max_rows), min(per_prompt, max_per_row)
-    starts = torch.arange(rows) * per_prompt
+    ``min(per_prompt, max_per_row)`` of each of the first ``max_rows`` prompts (``spread``: of ``max_rows`` prompts
+    evenly spaced over all of them, first and last included, a representative subset). Returns their indices
+    ``(n,)`` and the index of each row's first image (where its prompt is)."""
+    prompts = num_images // per_prompt
+    rows, shown = min(prompts, max_rows), min(per_prompt, max_per_row)
+    chosen = torch.arange(rows) if not spread or rows <= 1 else torch.linspace(0, prompts - 1, rows).round().long()
+    starts = chosen * per_prompt
     return (starts[:, None] + torch.arange(shown)).flatten(), starts.tolist()
 
 
@@ -62,7 +69,8 @@ def labelled_grid(images: torch.Tensor, row_labels: Sequence[str], title: str, p
     per_row, (h, w) = images.shape[0] // rows, images.shape[-2:]
     grid = tile(images, per_row, padding)
     plt = pyplot()
-    scale = 1.2 / max(h, w)  # inches per pixel: each image about 1.2 inches
+    # inches per pixel: each image about 1.2 inches, smaller when the rows would pass MAX_GRID_INCHES
+    scale = min(1.2 / max(h, w), MAX_GRID_INCHES / grid.shape[1])
     width = grid.shape[2] * scale + 0.08 * max(len(label) for label in row_labels) + 0.5
     figure, axes = plt.subplots(figsize=(max(width, 4.0), grid.shape[1] * scale + 0.7), layout="constrained")
     if grid.shape[0] == 1:
@@ -78,14 +86,15 @@ def labelled_grid(images: torch.Tensor, row_labels: Sequence[str], title: str, p
     return figure
 
 
-def save_figure(figure, path: str | os.PathLike, dpi: int = 100) -> Path:
-    """Write ``figure`` as a PNG atomically and close it; returns the path."""
+def save_figure(figure, path: str | os.PathLike, dpi: int = 100, tight: bool = False) -> Path:
+    """Write ``figure`` as a PNG atomically and close it (``tight``: the canvas grown or cut to hold every text whole,
+    row labels included); returns the path."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    figure.savefig(buffer, format="png", dpi=dpi, **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
     pyplot().close(figure)
     return atomic_write_bytes(path, buffer.getvalue())
 
 
 def write_labelled_grid(images: torch.Tensor, row_labels: Sequence[str], title: str, path: str | os.PathLike) -> Path:
-    """:func:`labelled_grid` written as a PNG atomically; returns the path."""
-    return save_figure(labelled_grid(images, row_labels, title), path)
+    """:func:`labelled_grid` written as a PNG atomically, no label cut at the edge; returns the path."""
+    return save_figure(labelled_grid(images, row_labels, title), path, tight=True)

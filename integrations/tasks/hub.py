@@ -362,17 +362,21 @@ class DiffusersTask:
         return out
 
     def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike, title: str = "",
-                      max_images: int = 64, thumbnail: int = 256) -> Path:
-        """A PNG grid of evaluation images (prompts repeated consecutively), each shrunk to at most ``thumbnail`` px:
-        one row per prompt labelled with it, at most ``max_images`` images, under ``title``, written atomically."""
+                      max_rows: int = 30, max_per_row: int = 8, thumbnail: int = 128) -> Path:
+        """A PNG grid of evaluation images (prompts repeated consecutively), each shrunk to at most ``thumbnail`` px,
+        under ``title``, written atomically: one row per prompt labelled with it (whole, up to 48 characters), at most
+        ``max_per_row`` images each. Every prompt has its row when there are at most ``max_rows`` (MNIST-SD3's 30
+        digit prompts); else ``max_rows`` prompts evenly spaced over them, first and last included (30 of the OCR
+        task's 108 numbers, two- and three-digit ones alike)."""
         per_prompt = sum(1 for p in prompts if p == prompts[0])
-        per_row = min(per_prompt, max_images)
-        index, starts = prompt_rows(len(prompts), per_prompt, per_row, max(1, max_images // per_row))
+        index, starts = prompt_rows(len(prompts), per_prompt, max_per_row, max_rows, spread=True)
         images = images[index].float().clamp(0, 1)
         scale = min(1.0, thumbnail / max(images.shape[-2:]))
         if scale < 1.0:
             images = F.interpolate(images, scale_factor=scale, mode="bilinear", antialias=True).clamp(0, 1)
         labels = [_short(prompts[i]) for i in starts]
+        if len(starts) < len(prompts) // per_prompt:
+            title = f"{title} ({len(starts)} of {len(prompts) // per_prompt} prompts, evenly spaced)".strip()
         return write_labelled_grid(images, labels, title, path)
 
     def export_policy(self, policy: LoRAPolicy, directory: str | os.PathLike) -> dict[str, str]:

@@ -3,14 +3,14 @@ reward detector and by the judge, per category and overall, with the run's train
 
     python results/mnist-sd3/geneval_table.py results/mnist-sd3/main-geneval > results/mnist-sd3/main-geneval/geneval_table.md
 """
-import json
 import sys
 from pathlib import Path
 
+from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
 
 run = Path(sys.argv[1])
-evaluations = [json.loads(line) for line in open(run / "eval.jsonl")]
+evaluations = RunDir(run).read_jsonl("eval.jsonl")  # eval.jsonl or its .gz
 print(f"| iteration | training min | reader | {' | '.join(GENEVAL_TAGS)} | overall | diversity |")
 print("|---" * (len(GENEVAL_TAGS) + 5) + "|")
 for e in evaluations:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import geneval_metrics, geneval_reading_reward, geneval_reward
+from vgrpo_lib.integrations.tasks.mnist_sd3 import geneval_metrics, geneval_reading_reward, geneval_reward
 
 reading, geneval = geneval_reading_reward(), geneval_reward()
 print(f"{'samples':24s} {'images':>6s} {'GenEval reward':>14s} {'OCR reward':>10s} {'OCR exact':>9s} "
