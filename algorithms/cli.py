@@ -37,8 +37,8 @@ from vgrpo_lib.algorithms.presets import PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
 from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
-from vgrpo_lib.algorithms.tasks import load_task, task_names
-from vgrpo_lib.integrations.task_registry import resolve_task_name
+from vgrpo_lib.algorithms.tasks import TaskProtocolError, load_task, task_names
+from vgrpo_lib.integrations.tasks import resolve_task_name
 from vgrpo_lib.algorithms.trainer import RewardError, Trainer
 from vgrpo_lib.integrations.distributed import init_from_env
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
@@ -158,14 +158,22 @@ def print_evaluation_table(base: dict | None, trained: dict) -> None:
         print("accuracy per prompt: " + ", ".join(f"{k}: {v:.2f}" for k, v in per_prompt.items()))
 
 
-TASK_HELP = ("a registered task, or a pipeline preset's task by its short name (--preset mnist-sd3 --task ocr is "
-             "mnist-sd3/ocr)")
-
-
-def task_choices() -> list[str]:
-    """Every registered task name and the short names of pipeline presets' tasks (``ocr`` of ``mnist-sd3/ocr``)."""
-    names = task_names()
-    return sorted(set(names) | {name.split("/", 1)[1] for name in names if "/" in name})
+def task_help() -> str:
+    """``--task``'s help: the task names by kind (testbed, pipeline preset, hub model, registered) and import paths;
+    checked by :func:`vgrpo_lib.integrations.tasks.resolve_task_name` (an unknown name lists the valid ones)."""
+    pipelines: dict[str, list[str]] = {}
+    for name in task_names("pipeline"):
+        preset, short = name.split("/", 1)
+        pipelines.setdefault(preset, []).append(short)
+    kinds = [f"a testbed task ({', '.join(task_names('testbed'))}; --preset testbed, the default)",
+             *(f"a pipeline preset's task by its short name (--preset {preset} --task {'|'.join(shorts)})"
+               for preset, shorts in pipelines.items()),
+             f"a hub model ({', '.join(task_names('hub'))}; its weights and model.prompts=FILE needed)"]
+    if task_names("registered"):
+        kinds.append(f"a registered task ({', '.join(task_names('registered'))})")
+    kinds.append("your own task: the import path of its factory, package.module:factory (importable, e.g. on "
+                 "PYTHONPATH; saved with the run, so --resume rebuilds it)")
+    return "the task: " + "; ".join(kinds) + ". Default: the preset's task."
 
 
 @dataclass(frozen=True)
@@ -186,9 +194,9 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     parser = argparse.ArgumentParser(prog="vgrpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a policy on a testbed task")
-    train.add_argument("--algo", choices=ALGORITHMS, default=None)
-    train.add_argument("--task", choices=task_choices(), default=None, help=TASK_HELP)
+    train = commands.add_parser("train", help="train a policy on a task (testbed, pipeline preset, hub model or your own)")
+    train.add_argument("--algo", choices=ALGORITHMS, default=None, help="the algorithm (default: vgrpo)")
+    train.add_argument("--task", default=None, help=task_help())
     train.add_argument("--preset", choices=PRESETS, default="testbed")
     train.add_argument("--out", required=True, help="run directory (refused if it exists, unless --resume)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
@@ -200,7 +208,7 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     sample.add_argument("--run", default=None)
     sample.add_argument("--preset", choices=PRESETS, default=None, help="the base policy's preset (default testbed; "
                         "not with --run)")
-    sample.add_argument("--task", choices=task_choices(), default=None, help=TASK_HELP)
+    sample.add_argument("--task", default=None, help=task_help())
     sample.add_argument("--per-prompt", type=int, required=True)
     sample.add_argument("--seed", type=int, required=True)
     sample.add_argument("--steps", type=int, default=None, help="ODE steps (default: the evaluation's, eval.num_steps)")
@@ -266,7 +274,7 @@ def expected_error(error: Exception) -> tuple[int, str] | None:
         return EXIT_TRAINING, str(error)
     if isinstance(error, OSError) and filesystem_message(error):
         return EXIT_FILESYSTEM, filesystem_message(error)
-    if isinstance(error, (ValueError, MissingWeightsError, FileNotFoundError)):  # arguments, config, paths
+    if isinstance(error, (ValueError, MissingWeightsError, FileNotFoundError, TaskProtocolError)):  # arguments, config, paths
         return EXIT_USAGE, str(error)
     return None
 

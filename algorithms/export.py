@@ -24,7 +24,7 @@ from vgrpo_lib.algorithms.errors import RunDirError
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
 from vgrpo_lib.algorithms.tasks import load_task
 from vgrpo_lib.integrations.atomic import plain_file_mode
-from vgrpo_lib.integrations.task_registry import TASK_ENTRIES
+from vgrpo_lib.integrations.tasks import task_description
 from vgrpo_lib import __version__
 
 
@@ -80,8 +80,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
 def model_card(config: TrainConfig, state: dict, evaluations: list[dict], facts: dict[str, str]) -> str:
     """The model card (Markdown with a YAML header) of an exported policy: ``state`` is the checkpoint's,
     ``evaluations`` the run's (``eval.jsonl``), ``facts`` what the task's ``export_policy`` returned."""
-    entry = TASK_ENTRIES[config.task]
-    reward = config.model.reward or f"the task's own ({entry.description})"
+    reward = config.model.reward or f"the task's own ({task_description(config.task)})"
     weights = (f"EMA of the trained weights (optim.ema_decay={config.optim.ema_decay}, every {config.optim.ema_every} "
                f"gradient steps)" if config.optim.ema_decay is not None else "the trained weights")
     lines = [
@@ -98,7 +97,7 @@ def model_card(config: TrainConfig, state: dict, evaluations: list[dict], facts:
         "|---|---|",
         f"| base model | {facts['base_model']} |",
         f"| algorithm | {config.algo} |",
-        f"| task | {config.task}: {entry.description} |",
+        f"| task | {config.task}: {task_description(config.task)} |",
         f"| reward | {reward} |",
         f"| iterations | {state['iteration']} of {config.iterations} ({config.prompts_per_iteration} prompts x "
         f"{config.group_size} samples each) |",

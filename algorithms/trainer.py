@@ -18,6 +18,7 @@ calls and retries (:mod:`vgrpo_lib.algorithms.scoring`), evaluation (:mod:`vgrpo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import warnings
@@ -44,7 +45,8 @@ from vgrpo_lib.algorithms.scoring import (  # noqa: F401 (RewardError, check_rew
 )
 from vgrpo_lib.algorithms.step_control import StepControl
 from vgrpo_lib.algorithms.strategy import build_policies, check_split, local_prompts
-from vgrpo_lib.algorithms.tasks import load_task, rollout_grid
+from vgrpo_lib.algorithms.tasks import TaskProtocol, check_task, load_task, rollout_grid
+from vgrpo_lib.integrations.tasks import TASK_ENTRIES, is_import_path
 from vgrpo_lib.integrations.distributed import (
     Shard, barrier, decided_by_main, is_sharded, load_model_state_dict, load_optimizer_state_dict, model_state_dict,
     optimizer_state_dict,
@@ -54,14 +56,32 @@ from vgrpo_lib.advantages import GroupAdvantage
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 
-class Trainer:
-    """Train ``config.algo`` on ``config.task`` into ``run_dir``.
+def task_label(task: object, name: str) -> str:
+    """What a run given the task object ``task`` records as ``config.task``: ``name`` when it is a label of the
+    user's own (neither a registered task nor an import path, which would name another task), else the object's
+    type, ``"module.Class"``."""
+    if name in TASK_ENTRIES or is_import_path(name):
+        return f"{type(task).__module__}.{type(task).__qualname__}"
+    return name
 
-    ``Trainer(config, run_dir)`` starts a new run (refusing an existing run directory);
-    ``Trainer.resume(run_dir)`` continues one from its newest valid checkpoint with its saved config.
+
+class Trainer:
+    """Train ``config.algo`` on a task into ``run_dir``.
+
+    ``Trainer(config, run_dir)`` starts a new run on the task ``config.task`` names (a registered name or an import
+    path ``"package.module:factory"``, :func:`vgrpo_lib.algorithms.tasks.load_task`), refusing an existing run
+    directory; ``Trainer(config, run_dir, task=obj)`` trains on any object satisfying
+    :class:`vgrpo_lib.algorithms.tasks.TaskProtocol` (checked first, before anything is written: a
+    :class:`~vgrpo_lib.algorithms.tasks.TaskProtocolError` names every missing member), and records
+    ``config.task`` as a label (:func:`task_label`). ``Trainer.resume(run_dir)`` continues a run from its newest
+    valid checkpoint with its saved config; ``Trainer.resume(run_dir, task=obj)`` with the same task object.
     """
 
-    def __init__(self, config: TrainConfig, run_dir: str | Path, *, progress: bool = True, _resuming: bool = False):
+    def __init__(self, config: TrainConfig, run_dir: str | Path, *, task: TaskProtocol | None = None,
+                 progress: bool = True, _resuming: bool = False):
+        if task is not None:
+            check_task(task, "Trainer(task=...)")
+            config = dataclasses.replace(config, task=task_label(task, config.task))
         self.config, self.run, self.progress = config, RunDir(run_dir), progress
         self.shard = Shard.current()
         check_split(config, self.shard)
@@ -71,7 +91,7 @@ class Trainer:
         resolve_backend(config.log.backend)  # a missing logger package fails here, before anything runs
         limit_torch_threads()  # no more threads than the cores given (see vgrpo_lib.algorithms.threads)
         seed_everything(config.seed)
-        self.task = load_task(config.task, config.model)
+        self.task = load_task(config.task, config.model) if task is None else task
         self.policy = self.task.load_policy()
         algorithm_class = ALGORITHM_CLASSES[config.algo]
         # DDP's constructor is a collective: no rank gets here before every rank has checked the run directory.
@@ -100,11 +120,17 @@ class Trainer:
         self.logger: RunLogger | None = None  # opened by train()
 
     @classmethod
-    def resume(cls, run_dir: str | Path, *, progress: bool = True) -> Trainer:
+    def resume(cls, run_dir: str | Path, *, task: TaskProtocol | None = None, progress: bool = True) -> Trainer:
         """Continue the run in ``run_dir`` from its newest intact checkpoint of this run (taking its lock), or from
-        iteration 0 when it was stopped before its first checkpoint."""
+        iteration 0 when it was stopped before its first checkpoint. ``task``: the task object the run was started
+        with (``Trainer(..., task=obj)``); without it the saved ``config.task`` (a name or import path) is built."""
         run = RunDir(run_dir)
-        trainer = cls(run.train_config(), run_dir, progress=progress, _resuming=True)
+        config = run.train_config()
+        if task is None and config.task not in TASK_ENTRIES and not is_import_path(config.task):
+            raise ValueError(f"The run in {run.root} trained {config.task!r}, neither a registered task nor an import "
+                             f"path (a task object, or a task registered in another process): pass the object again, "
+                             f"Trainer.resume(run_dir, task=obj), or register_task({config.task!r}, ...) first.")
+        trainer = cls(config, run_dir, task=task, progress=progress, _resuming=True)
         trainer.run_id = decided_by_main(trainer.run.run_id)
         trainer._take_lock()
         try:

@@ -62,7 +62,7 @@ BENCHMARK_PRESETS = ("testbed", *PIPELINES)
 
 def _compare_arguments(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model to compare on")
-    compare.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
+    compare.add_argument("--task", default="digit", help=training_cli.task_help())
     compare.add_argument("--seeds", type=int, default=5, help="reported seeds (at least 5 unless --quick)")
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (vgrpo_lib.benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
@@ -75,7 +75,7 @@ def _compare_arguments(compare: argparse.ArgumentParser) -> None:
 
 def _estimators_arguments(estimators: argparse.ArgumentParser) -> None:
     estimators.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the rollout")
-    estimators.add_argument("--task", default="digit", help=training_cli.TASK_HELP)
+    estimators.add_argument("--task", default="digit", help=training_cli.task_help())
     estimators.add_argument("--quick", action="store_true")
     estimators.add_argument("--out", required=True)
     estimators.add_argument("overrides", nargs="*", help="config overrides of the rollout's task and model")
@@ -84,7 +84,7 @@ def _estimators_arguments(estimators: argparse.ArgumentParser) -> None:
 def _ablations_arguments(ablations: argparse.ArgumentParser) -> None:
     ablations.add_argument("--set", choices=("paper", "regime"), default="paper")
     ablations.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the paper set")
-    ablations.add_argument("--task", default="digit", help=f"the paper set's task: {training_cli.TASK_HELP}")
+    ablations.add_argument("--task", default="digit", help=f"the paper set's task: {training_cli.task_help()}")
     ablations.add_argument("--seeds", type=int, default=2)
     ablations.add_argument("--quick", action="store_true")
     ablations.add_argument("--cells", nargs="+", default=None, help="run only these cells of the set (names as listed)")

@@ -256,7 +256,7 @@ def wrap_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
     # No device_ids, also for a model on a GPU: DDP then leaves the inputs where they are. The trainer keeps its
     # batches on the CPU and a GPU policy moves each call's inputs itself and returns its output on the caller's
-    # device (vgrpo_lib.integrations.diffusers_adapters.task.LoRAPolicy); with device_ids DDP would return GPU outputs.
+    # device (vgrpo_lib.integrations.tasks.hub.LoRAPolicy); with device_ids DDP would return GPU outputs.
     return ddp(model, **{no_sync: False})
 
 

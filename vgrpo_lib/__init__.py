@@ -2,6 +2,7 @@
 
 Pure torch + tensordict + torchrl (no diffusers import). The pieces, each usable alone:
 
+- :mod:`~vgrpo_lib.protocols`: :class:`VelocityModel`, the model contract ``model(x_t, t, cond) -> v``.
 - :mod:`~vgrpo_lib.paths`: forward processes and v / x / eps conversions.
 - :mod:`~vgrpo_lib.timesteps`: uniform, stratified, logit-normal, shifted and grid timestep samplers.
 - :mod:`~vgrpo_lib.weighting`: eps, v, x, adaptive_x and ELBO weightings of the denoising loss.
@@ -48,6 +49,7 @@ from vgrpo_lib.objectives import (
     x_space_kl,
 )
 from vgrpo_lib.paths import CosineVP, RectifiedFlow
+from vgrpo_lib.protocols import VelocityModel
 from vgrpo_lib.samplers import sample_dpmpp_2m, sample_euler, sample_heun, sample_ode, sample_sde, time_grid
 from vgrpo_lib.timesteps import (
     DiscreteGrid,
@@ -61,6 +63,7 @@ from vgrpo_lib.timesteps import (
 
 __all__ = [
     "__version__",
+    "VelocityModel",
     "ELBOSurrogate",
     "GroupAdvantage",
     "group_advantage",

@@ -13,7 +13,9 @@ pass them to every evaluation.
 couples ``(eps, -eps)`` at a shared timestep, see :class:`ELBOSurrogate`.
 
 All K pairs of all B samples go through the model as ONE batch of ``B * K`` rows (split into chunks of at
-most ``chunk_size`` rows when memory asks for it), never a Python loop over pairs or samples.
+most ``chunk_size`` rows when memory asks for it), never a Python loop over pairs or samples: row ``b * K + k`` is
+sample ``b`` at pair ``k`` and ``cond`` is repeated K times per sample (the model contract:
+:class:`vgrpo_lib.protocols.VelocityModel`).
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from vgrpo_lib._checks import (
 )
 from vgrpo_lib.advantages import make_groups
 from vgrpo_lib.paths import Path, make_path
+from vgrpo_lib.protocols import VelocityModel
 from vgrpo_lib.timesteps import TimestepSampler, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
 
 SHARING_SCOPES = ("none", "group", "batch")
 NOISE_SCHEMES = ("independent", "antithetic")
 
-VelocityModel = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
 class NoisedPairs(NamedTuple):

@@ -1,4 +1,5 @@
-"""Rollout samplers for the velocity-model protocol ``model(z, t, cond) -> v``.
+"""Rollout samplers for the velocity-model protocol ``model(z, t, cond) -> v`` (:class:`vgrpo_lib.protocols.VelocityModel`:
+``t`` is ``(B,)``, one grid time repeated for the batch).
 
 In the style of k-diffusion: every sampler is a short function of ``(model, noise, grid, cond=None, ...)``, in
 that order, over an explicit time grid (a list of floats from 1 to 0, see :func:`time_grid`); nothing is

@@ -1,7 +1,7 @@
-"""SD3 / FLUX text-to-image training as a trainer task (the protocol in :mod:`vgrpo_lib.algorithms.tasks`).
+"""SD3 / FLUX text-to-image training as a trainer task (:class:`vgrpo_lib.algorithms.tasks.TaskProtocol`).
 
     from vgrpo_lib.integrations.diffusers_adapters import load_sd35_medium
-    from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask
+    from vgrpo_lib.integrations.tasks.hub import DiffusersTask
 
     base = load_sd35_medium(device="cuda", lora_rank=None)        # frozen pipeline, no adapter yet
     task = DiffusersTask(base, prompts="prompts.txt", reward="pickscore", image_size=512)
@@ -49,17 +49,25 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from vgrpo_lib.integrations.diffusers_adapters.flux import encode_prompts_flux
+from vgrpo_lib.integrations.diffusers_adapters.lora import (
+    TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
+)
+from vgrpo_lib.integrations.diffusers_adapters.presets import (
+    FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
+)
+from vgrpo_lib.integrations.diffusers_adapters.sd3 import encode_prompts_sd3
+from vgrpo_lib.integrations.diffusers_adapters.velocity import FlowTransformerAdapter
 from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
+from vgrpo_lib.integrations.metrics import diversity
+from vgrpo_lib.integrations.rewards import MultiReward, get_reward
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.integrations.tasks.imports import is_import_path, load_import_path
+from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+from vgrpo_lib.samplers import sample_ode
 
-from .flux import encode_prompts_flux
-from .lora import TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters
-from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, absent_components
-from .sd3 import encode_prompts_sd3
-from .velocity import FlowTransformerAdapter
-
-__all__ = ["HUB_MODELS", "DiffusersTask", "HubModel", "LoRAPolicy", "TotalReward", "hub_task",
-           "make_reward", "read_prompts"]
+__all__ = ["HUB_MODELS", "DiffusersTask", "HubModel", "ImportedMultiReward", "ImportedReward", "LoRAPolicy",
+           "TotalReward", "hub_task", "imported_reward", "make_reward", "read_prompts", "weights_location"]
 
 
 def _is_trained_lora(key: str) -> bool:
@@ -159,17 +167,86 @@ class TotalReward(nn.Module):
         return {name: per_reward[:, i] for i, name in enumerate(self.multi.names)}
 
 
+class ImportedReward:
+    """A user's reward ``fn(images, prompts) -> (B,)``, named by its import path, checked on its first call.
+
+    ``images`` ``(B, 3, H, W)`` float in [0, 1] (on the CPU), ``prompts`` B strings; the result must be a float
+    tensor ``(B,)``. A reward with several columns ``(B, R)`` declares them: ``fn.names`` (R strings) and optionally
+    ``fn.weights`` (R floats, default 1); it is then a multi-reward (:class:`ImportedMultiReward`) whose columns the
+    trainer normalises as ``advantage.multi_reward`` says. A wrong result is a ``ValueError`` that names ``source``.
+    """
+
+    def __init__(self, fn: Callable, source: str):
+        self.fn, self.source, self._checked = fn, source, False
+
+    def _check(self, result, images: torch.Tensor, columns: int | None) -> torch.Tensor:
+        expected = (images.shape[0],) if columns is None else (images.shape[0], columns)
+        if not isinstance(result, torch.Tensor):
+            raise ValueError(f"The reward {self.source} returned a {type(result).__name__}; it must return a float "
+                             f"tensor of shape {expected} (one score per image).")
+        if result.ndim == 2 and columns is None:
+            raise ValueError(f"The reward {self.source} returned shape {tuple(result.shape)}: a reward with several "
+                             f"columns must declare them as `{self.source.split(':')[1]}.names` (one name per column; "
+                             f"`.weights` optional), or return {expected}.")
+        if tuple(result.shape) != expected:
+            raise ValueError(f"The reward {self.source} returned shape {tuple(result.shape)} for {images.shape[0]} "
+                             f"images; expected {expected}.")
+        if not result.is_floating_point():
+            raise ValueError(f"The reward {self.source} returned dtype {result.dtype}; it must be a float tensor.")
+        self._checked = True
+        return result
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        result = self.fn(images, prompts)
+        return result if self._checked else self._check(result, images, None)
+
+
+class ImportedMultiReward(ImportedReward):
+    """An :class:`ImportedReward` with columns ``(B, R)``: ``stack`` gives them (``names`` order), a call their sum
+    weighted by ``weights`` ``(R,)`` (the shape of :class:`TotalReward`, which the trainer reads)."""
+
+    def __init__(self, fn: Callable, source: str):
+        super().__init__(fn, source)
+        names = getattr(fn, "names")
+        if isinstance(names, str) or not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"The reward {source}: `names` must be a non-empty list of strings, got {names!r}.")
+        self.names = list(names)
+        weights = getattr(fn, "weights", None)
+        self.weights = torch.ones(len(self.names)) if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+        if self.weights.shape != (len(self.names),):
+            raise ValueError(f"The reward {source}: `weights` must hold one weight per name ({len(self.names)}), got "
+                             f"shape {tuple(self.weights.shape)}.")
+
+    def stack(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        result = self.fn(images, prompts)
+        return result if self._checked else self._check(result, images, len(self.names))
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        scores = self.stack(images, prompts)
+        return scores @ self.weights.to(scores)
+
+
+def imported_reward(path: str) -> ImportedReward:
+    """The reward callable at the import path ``"package.module:function"``, checked on its first call
+    (:class:`ImportedMultiReward` when it declares ``names``); one-line ``ValueError`` for a bad path."""
+    fn = load_import_path(path, "reward")
+    if not callable(fn):
+        raise ValueError(f"The reward {path!r} is a {type(fn).__name__}, not a callable (images, prompts) -> rewards.")
+    return ImportedMultiReward(fn, path) if hasattr(fn, "names") else ImportedReward(fn, path)
+
+
 def make_reward(spec: str | Mapping[str, float] | Callable) -> Callable:
-    """A ``reward(images, prompts) -> (B,)`` from the reward zoo.
+    """A ``reward(images, prompts) -> (B,)`` from the reward zoo or the user's own code.
 
     ``spec``: a registered name (``"pickscore"``), a weighted spec ``"pickscore:1,ocr:0.5"`` or a mapping
-    ``{"pickscore": 1.0, "ocr": 0.5}`` (a :class:`MultiReward`, trained on its weighted sum), or any callable
-    (returned unchanged).
+    ``{"pickscore": 1.0, "ocr": 0.5}`` (a :class:`MultiReward`, trained on its weighted sum), an import path
+    ``"my_package.my_module:my_reward"`` of any callable ``(images, prompts) -> (B,)`` (:func:`imported_reward`;
+    ``model.reward=my_module:my_reward``), or any callable (returned unchanged).
     """
-    from vgrpo_lib.integrations.rewards import MultiReward, get_reward
-
     if callable(spec) and not isinstance(spec, str):
         return spec
+    if isinstance(spec, str) and is_import_path(spec.strip()):
+        return imported_reward(spec.strip())
     if isinstance(spec, str) and ":" not in spec and "," not in spec:
         return get_reward(spec.strip())
     if isinstance(spec, str):
@@ -327,8 +404,6 @@ class DiffusersTask:
         All the initial noise is drawn up front on the CPU from ``generator`` (a seed gives the same images
         for any ``batch_size``); batches of ``batch_size`` are integrated on the pipeline's device.
         """
-        from vgrpo_lib.samplers import sample_ode
-
         noise = torch.randn((len(prompts), *self.sample_shape), generator=generator)
         grid = self.time_grid(num_steps)
         device, images = self.device, []
@@ -347,8 +422,6 @@ class DiffusersTask:
     def evaluate(self, images: torch.Tensor, prompts: Sequence[str]) -> dict:
         """``reward_mean`` / ``reward_std`` (and ``reward/<name>`` for a weighted reward), ``diversity`` (mean
         pairwise RMS pixel distance between images of the same prompt) and the task's own ``metrics``."""
-        from vgrpo_lib.integrations.testbed.evaluation import diversity
-
         reward = self.reward()
         scored = reward.multi(images, prompts) if isinstance(reward, TotalReward) else None  # each reward once
         scores = reward(images, prompts) if scored is None else scored.total
@@ -414,20 +487,14 @@ class HubModel:
     image_size: int
 
 
-def _mnist_sd3_dir() -> str:
-    from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
-
-    return str(PIPELINE_DIR)
-
-
 HUB_MODELS = {
     # Flow-GRPO's SD3.5-M recipe trains at 512 px.
     "sd3.5-medium": HubModel(SD35_MEDIUM, "sd3", 512),
     # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
     # The project's own StableDiffusion3Pipeline trained on MNIST, shipped in the repository (its tasks set the
-    # image size per task: vgrpo_lib.integrations.testbed.mnist_sd3_tasks).
-    "mnist-sd3": HubModel(_mnist_sd3_dir(), "sd3", 32),
+    # image size per task: vgrpo_lib.integrations.tasks.mnist_sd3).
+    "mnist-sd3": HubModel(str(PIPELINE_DIR), "sd3", 32),
 }
 
 def weights_location(name_or_path: str) -> str | None:
@@ -475,8 +542,6 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         )
     if prompts is None:
         raise ValueError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
-    from .presets import load_policy
-
     cuda = torch.cuda.is_available()
     device = torch.device(device or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
     base = load_policy(location, spec.family, device=device, dtype=getattr(torch, dtype), lora_rank=None,

@@ -1,10 +1,10 @@
 """The tasks of the shipped MNIST-SD3 pipelines, built through the hub path like SD3.5-Medium.
 
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import mnist_sd3_task
 
     task = mnist_sd3_task("digit", lora_rank=8, dtype="float32")   # a DiffusersTask on the shipped pipeline
 
-``mnist_sd3_task(kind, **model_settings)`` is :func:`vgrpo_lib.integrations.diffusers_adapters.task.hub_task` on the hub
+``mnist_sd3_task(kind, **model_settings)`` is :func:`vgrpo_lib.integrations.tasks.hub.hub_task` on the hub
 model ``"mnist-sd3"`` with the task's own prompts, reward, image size, evaluation metrics and labels filled in
 where the model settings leave them unset (``None``); nothing else differs from ``sd3.5-medium``: the same
 ``DiffusersTask``, peft LoRA, adapters-off reference, ``"old"`` adapter, scheduler grid, VAE decode and prompt
@@ -47,6 +47,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vgrpo_lib.integrations.rewards import MultiReward, get_reward
+from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
+from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.integrations.tasks.hub import TotalReward, hub_task
+from vgrpo_lib.integrations.testbed.geneval_digits.compositions import CANVAS, CELLS
+from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
+from vgrpo_lib.integrations.testbed.geneval_digits.reward import (
+    geneval_digits_reward, geneval_digits_scorer, geneval_digits_table,
+)
 from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as grammar
 from vgrpo_lib.integrations.testbed.mnist_sd3 import render
 from vgrpo_lib.integrations.testbed.rewards import DigitProbability
@@ -87,8 +96,6 @@ def digit_reward() -> PromptedDigitProbability:
 def ocr_reward():
     """The reward zoo's OCR reward (Flow-GRPO's formula) reading the prompted number: recognition only on the
     inverted, upscaled canvas (``render.ocr_view``)."""
-    from vgrpo_lib.integrations.rewards import get_reward
-
     return get_reward("ocr", target=grammar.parse_number, single_line=True, view=render.ocr_view)
 
 
@@ -153,8 +160,6 @@ def ocr_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor)
 
 @lru_cache(maxsize=1)
 def _geneval_specs() -> dict[str, dict]:
-    from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
-
     return {spec["prompt"]: spec for spec in geneval_specs("all")}
 
 
@@ -170,9 +175,6 @@ def geneval_prompts(split: str) -> list[tuple[str, str]]:
     """``(prompt, category)`` pairs: ``"train"`` every training spec, repeated so that every category has as many
     entries as the largest; ``"eval"`` up to ``GENEVAL_EVAL_PER_CATEGORY`` held-out specs per category, spread
     evenly over the category's list."""
-    from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
-    from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
-
     groups = [[s["prompt"] for s in geneval_specs(split, (tag,))] for tag in GENEVAL_TAGS]
     if split == "eval":
         groups = [g[::math.ceil(len(g) / GENEVAL_EVAL_PER_CATEGORY)] for g in groups]
@@ -184,8 +186,6 @@ def geneval_prompts(split: str) -> list[tuple[str, str]]:
 
 def geneval_reward():
     """Flow-GRPO's partial-credit GenEval score by the shipped reward detector (``geneval_digits_reward``)."""
-    from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_reward
-
     return geneval_digits_reward(partial=True)
 
 
@@ -210,9 +210,7 @@ def canvas_reading_view(images: torch.Tensor, gap: int = READING_GAP, blurs: int
     ``gap`` blank pixels apart, strokes dark on white by their brightest channel (every tint reads dark, where
     luminance leaves a blue stroke faint), softened by ``blurs`` 3x3 box blurs (two: a 5x5 tent; rapidocr reads soft
     print edges better than MNIST's hard ones; on exact renderings of 128 training specs the mean reward rose
-    from 0.48 to 0.59, ``results/mnist_sd3_geneval/reading_view.log``): ``(B, 3, 32, 2 * 64 + gap)``."""
-    from vgrpo_lib.integrations.testbed.geneval_digits.compositions import CANVAS, CELLS
-
+    from 0.48 to 0.59, ``results/mnist-sd3-geneval-pipeline/reading_view.log``): ``(B, 3, 32, 2 * 64 + gap)``."""
     if images.shape[-2:] != (CANVAS, CANVAS):
         raise ValueError(f"canvas_reading_view reads {CANVAS}x{CANVAS} canvases, got {tuple(images.shape[-2:])}")
     ink = images.amax(1, keepdim=True).clamp(0, 1)
@@ -228,8 +226,6 @@ def geneval_reading_reward():
     """The reward zoo's OCR reward on a GenEval canvas: rapidocr reads :func:`canvas_reading_view`'s line, scored
     order-free (``multiset_similarity``) against :func:`geneval_digits_text`: does the image show exactly the
     prompt's digits, legibly, wherever they are (an extra copy of a digit costs as a missing one does)."""
-    from vgrpo_lib.integrations.rewards import get_reward
-
     return get_reward("ocr", target=geneval_digits_text, single_line=True, view=canvas_reading_view, order_free=True)
 
 
@@ -237,17 +233,12 @@ def geneval_ocr_reward():
     """GenEval (the detector's partial credit) and OCR (:func:`geneval_reading_reward`) on the same images, as
     DiffusionNFT's multi-reward runs score one image with several rewards: a ``TotalReward`` whose ``stack`` the
     trainer normalises per reward (``advantage.multi_reward``), weights ``GENEVAL_OCR_WEIGHTS``."""
-    from vgrpo_lib.integrations.diffusers_adapters.task import TotalReward
-    from vgrpo_lib.integrations.rewards import MultiReward
-
     rewards = {"geneval": geneval_reward(), "ocr": geneval_reading_reward()}
     return TotalReward(MultiReward(GENEVAL_OCR_WEIGHTS, rewards=rewards))
 
 
 @lru_cache(maxsize=1)
 def _geneval_scorers() -> dict:
-    from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_scorer
-
     return {"detector": geneval_digits_scorer("digit_detector"), "judge": geneval_digits_scorer("digit_detector_judge")}
 
 
@@ -256,8 +247,6 @@ def geneval_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Ten
     """GenEval's tables (strict 0/1 correctness, GenEval's rules) of images ``(B, 3, 64, 64)`` by the reward
     detector and the judge: ``accuracy`` / ``judge_accuracy`` (overall), ``geneval/<category>`` /
     ``judge_geneval/<category>``, ``accuracy_per_prompt`` keyed by category."""
-    from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_table
-
     specs = [_geneval_specs()[p] for p in prompts]
     tables = geneval_digits_table(images, specs, _geneval_scorers())
     detector, judge = dict(tables["detector"]), dict(tables["judge"])
@@ -268,6 +257,7 @@ def geneval_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Ten
 
 
 def _geneval_pipeline() -> tuple[Path, str]:
+    # imported here: the pipeline module imports diffusers, which only this task's run needs
     from vgrpo_lib.integrations.testbed.geneval_digits import pipeline
 
     return pipeline.PIPELINE_DIR, pipeline.REBUILD_COMMAND
@@ -306,16 +296,12 @@ def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, rew
     """The MNIST-SD3 task ``kind`` (``"digit"`` / ``"ocr"`` / ``"geneval"`` / ``"geneval_ocr"``) as a
     ``DiffusersTask`` through ``hub_task("mnist-sd3")`` on the task's shipped pipeline unless ``path`` names another; ``settings`` are the
     other ``hub_task`` arguments (the run config's ``model`` section)."""
-    from vgrpo_lib.integrations.diffusers_adapters.task import hub_task
-
     if kind not in MNIST_SD3_TASKS:
         raise ValueError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
     spec = MNIST_SD3_TASKS[kind]
     if path is None and spec.pipeline is not None:
         folder, rebuild = spec.pipeline()
         if not (folder / "model_index.json").is_file():
-            from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
-
             raise MissingWeightsError(f"Task 'mnist-sd3/{kind}' runs on the pipeline folder {folder}, which is not "
                                       f"built yet: run `{rebuild}` or set model.path=<pipeline directory>.")
         path = str(folder)

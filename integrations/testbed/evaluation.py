@@ -25,6 +25,7 @@ import torch
 
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.figures import pyplot, tile
+from vgrpo_lib.integrations.metrics import diversity  # noqa: F401 (evaluate's diversity; public here too)
 from vgrpo_lib.integrations.testbed.rewards import WeightedReward, slot_logits
 
 if TYPE_CHECKING:
@@ -33,27 +34,6 @@ if TYPE_CHECKING:
 
 def _prompt_key(row: torch.Tensor) -> str:
     return ",".join(str(int(v)) for v in row.reshape(-1))
-
-
-@torch.no_grad()
-def diversity(images: torch.Tensor, prompts: torch.Tensor) -> float:
-    """Mean pairwise RMS distance ``sqrt(mean_pixels (a - b)^2)`` between images sharing a prompt.
-
-    ``images`` ``(B, ...)``, ``prompts`` ``(B,)`` or ``(B, S)``. Each prompt with >= 2 images gives the
-    mean over its distinct pairs; the result averages those per-prompt means (NaN if no prompt repeats).
-    """
-    flat = images.reshape(images.shape[0], -1)
-    keys = prompts.reshape(prompts.shape[0], -1)
-    _, inverse = torch.unique(keys, dim=0, return_inverse=True)
-    per_prompt = []
-    for group in inverse.unique():
-        members = flat[inverse == group]
-        n = members.shape[0]
-        if n < 2:
-            continue
-        dist = torch.cdist(members, members) / flat.shape[1] ** 0.5
-        per_prompt.append(dist.sum() / (n * (n - 1)))
-    return torch.stack(per_prompt).mean().item() if per_prompt else float("nan")
 
 
 @torch.no_grad()
