@@ -15,7 +15,7 @@ from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters import SD3Velocity, load_policy  # noqa: E402
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters.lora import AdapterBehaviour, lora_parameters  # noqa: E402
-from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
+from vgrpo_lib.integrations.tasks.hub import DiffusersTask, LoRAPolicy, TotalReward, make_reward  # noqa: E402
 from vgrpo_lib.samplers import time_grid  # noqa: E402
 from tests.integrations.tiny_pipelines import CLIP_LENGTH, IMAGE_SIZE, T5_LENGTH, save_tiny_flux, save_tiny_sd3  # noqa: E402
 from tests.same_steps import assert_same_changes, train_with_sgd  # noqa: E402

@@ -19,12 +19,12 @@ from vgrpo_lib.algorithms.tasks import load_task, rollout_grid  # noqa: E402
 from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters import load_policy  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters.lora import AdapterBehaviour, AdapterView  # noqa: E402
-from vgrpo_lib.integrations.diffusers_adapters.task import HUB_MODELS, DiffusersTask, LoRAPolicy  # noqa: E402
+from vgrpo_lib.integrations.tasks.hub import HUB_MODELS, DiffusersTask, LoRAPolicy  # noqa: E402
 from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import render  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
-from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import digit_metrics, number_judge, number_slots  # noqa: E402
+from vgrpo_lib.integrations.tasks.mnist_sd3 import digit_metrics, number_judge, number_slots  # noqa: E402
 from tests.algorithms.conftest import evaluation_table  # noqa: E402
 
 # A short run: 4 prompts x 4 images, 4 rollout steps, 2 pairs; a small evaluation.

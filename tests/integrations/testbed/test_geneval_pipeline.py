@@ -15,7 +15,7 @@ pytest.importorskip("peft")
 
 from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
-from vgrpo_lib.integrations.diffusers_adapters.task import DiffusersTask  # noqa: E402
+from vgrpo_lib.integrations.tasks.hub import DiffusersTask  # noqa: E402
 from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS  # noqa: E402
 from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
 from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose  # noqa: E402
@@ -23,7 +23,7 @@ from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs 
 from vgrpo_lib.integrations.testbed.geneval_digits.reward import geneval_digits_table  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as mnist_sd3_prompts  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, clip_tokenizer  # noqa: E402
-from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import (GENEVAL_EVAL_PER_CATEGORY, geneval_category,  # noqa: E402
+from vgrpo_lib.integrations.tasks.mnist_sd3 import (GENEVAL_EVAL_PER_CATEGORY, geneval_category,  # noqa: E402
                                                   geneval_metrics, geneval_prompts)
 
 
@@ -142,13 +142,13 @@ def test_the_preset_builds_the_geneval_task_through_the_hub_path(untrained_folde
 
 
 def test_the_geneval_task_defaults_to_the_shipped_geneval_pipeline_folder(monkeypatch, tmp_path):
-    import vgrpo_lib.integrations.diffusers_adapters.task as hub
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import mnist_sd3_task
+    import vgrpo_lib.integrations.tasks.mnist_sd3 as pipeline_tasks
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import mnist_sd3_task
 
     from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 
     seen = {}
-    monkeypatch.setattr(hub, "hub_task", lambda name, **kw: seen.update(name=name, **kw))
+    monkeypatch.setattr(pipeline_tasks, "hub_task", lambda name, **kw: seen.update(name=name, **kw))
     folder = tmp_path / "mnist_sd3_geneval"
     monkeypatch.setattr(G, "PIPELINE_DIR", folder)
     with pytest.raises(MissingWeightsError, match="pretrain mnist_sd3_geneval"):
@@ -217,7 +217,7 @@ def test_pretrain_runs_the_geneval_rebuild_by_its_name(monkeypatch, capsys):
 
 
 def test_geneval_digits_text_lists_the_prompts_digits_sorted():
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import geneval_digits_text
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import geneval_digits_text
 
     assert geneval_digits_text("three 4s") == "444"
     assert geneval_digits_text("a 9 and a 2") == "29"
@@ -230,7 +230,7 @@ def test_geneval_digits_text_lists_the_prompts_digits_sorted():
 
 
 def test_the_reading_view_lays_the_rows_of_cells_side_by_side_dark_on_white():
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import READING_GAP, canvas_reading_view
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import READING_GAP, canvas_reading_view
 
     canvas = torch.zeros(2, 3, 64, 64)
     canvas[0, 2, 5, 7] = 1.0  # a blue stroke pixel in the top row of cells ...
@@ -257,7 +257,7 @@ def exact_canvases():
 
 
 def test_the_reading_reward_reads_exact_compositions(exact_canvases):
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import geneval_reading_reward
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import geneval_reading_reward
 
     images, prompts = exact_canvases
     reward = geneval_reading_reward()
@@ -270,8 +270,8 @@ def test_the_reading_reward_reads_exact_compositions(exact_canvases):
 
 
 def test_the_geneval_ocr_task_scores_each_image_with_both_rewards(untrained_folder, exact_canvases):
-    from vgrpo_lib.integrations.diffusers_adapters.task import TotalReward
-    from vgrpo_lib.integrations.testbed.mnist_sd3_tasks import GENEVAL_OCR_WEIGHTS, geneval_reading_reward, geneval_reward
+    from vgrpo_lib.integrations.tasks.hub import TotalReward
+    from vgrpo_lib.integrations.tasks.mnist_sd3 import GENEVAL_OCR_WEIGHTS, geneval_reading_reward, geneval_reward
 
     config = build_config("vgrpo", "geneval_ocr", "mnist-sd3", [f"model.path={untrained_folder}"])
     assert config.task == "mnist-sd3/geneval_ocr" and config.advantage.multi_reward == "normalize_then_sum"
