@@ -2,7 +2,7 @@
 # GPU evidence in one prepared script: SD3.5-Medium-size timing (MFU, seconds per iteration at 1024 px) and a
 # V-GRPO run on the shipped MNIST-SD3 pipeline, raw outputs written to one folder.
 #
-#   benchmarks/gpu_run.sh [OUT_DIR]          on a CUDA device (default OUT_DIR: results/gpu_run)
+#   benchmarks/gpu_run.sh [OUT_DIR]          on a CUDA device (default OUT_DIR: results/gpu-run)
 #   benchmarks/gpu_run.sh --cpu OUT_DIR      the same steps at toy size on the CPU (what the test runs)
 #
 # OUT_DIR/environment.json   torch / CUDA versions and the device name
@@ -20,7 +20,7 @@ if [[ "${1:-}" == "--cpu" ]]; then
   mode=cpu
   shift
 fi
-out=${1:-results/gpu_run}
+out=${1:-results/gpu-run}
 shift || true
 cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$out"

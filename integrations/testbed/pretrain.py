@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
                              "python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector")
     args = parser.parse_args(argv)
     # Two threads, as the shipped weights were made: each run is bitwise reproducible at that thread count (checked
-    # for MNIST-SD3: results/mnist_sd3/); another count changes the order of float sums.
+    # for MNIST-SD3: results/mnist-sd3-pipeline/); another count changes the order of float sums.
     torch.set_num_threads(NUM_THREADS)
     for name in [n for n in PIPELINES if n in args.names]:
         module, function = PIPELINES[name]

@@ -8,7 +8,7 @@ latents, 64 image tokens), trained from scratch by MNIST-SD3's own code on the s
 given by the prompt (mention order; a position prompt's pair where its relation says), as MNIST-SD3's numbers sit
 in fixed slots. The pilots' ``"free"`` layout (anywhere at any scale, 8,000 steps) and ``"cells"`` layout (random
 cells, 3,000 steps) did not learn the prompts: their samples spread one object over several cells or leave the
-canvas empty (``results/mnist_sd3_geneval/``):
+canvas empty (``results/mnist-sd3-geneval-pipeline/``):
 
 1. VAE (``mnist_sd3.train.train_vae``) on compositions of random ``"train"`` specs, every category equally often,
    stroke pixels weighted 10x in the loss (``reconstruction_loss``: unweighted, the sparse strokes' colours are lost).
@@ -212,7 +212,7 @@ image = pipe("a red 3 and a blue 8", height={card['canvas']}, width={card['canva
 - Transformer and both CLIP text encoders, jointly, by rectified flow: {flow['steps']} AdamW steps of
   {flow['batch_size']} (lr {flow['lr']:g} constant after {flow['warmup']} warmup steps), each sample's GenEval
   category uniform, from a pool of about {flow['pool_per_category']} compositions per category; caption dropout
-  {flow['p_uncond']}. The step count was chosen by a pilot (`results/mnist_sd3_geneval/`) for a CFG-free base
+  {flow['p_uncond']}. The step count was chosen by a pilot (`results/mnist-sd3-geneval-pipeline/`) for a CFG-free base
   inside the 0.15-0.6 band of GenEval overall.
 
 ## Measured: GenEval's table on the {_eval_samples(card)} held-out samples ({card['evaluation']['num_steps']} Euler steps, noise seed {card['evaluation']['seed']})

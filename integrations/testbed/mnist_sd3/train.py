@@ -81,7 +81,7 @@ def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, ink_weight: float 
 
     On sparse canvases the background dominates a plain mean: a composition VAE trained with ``ink_weight`` 1
     tied the red and green channels (red and green strokes came back yellow), while 10 reads 99.7% of the
-    colours back (``results/mnist_sd3_geneval/vae_colour_probe.log``). ``ink_weight`` 1 is MNIST-SD3's plain
+    colours back (``results/mnist-sd3-geneval-pipeline/vae_colour_probe.log``). ``ink_weight`` 1 is MNIST-SD3's plain
     ``l1_loss + mse_loss`` (the same float operations, so its rebuild stays bitwise identical)."""
     if ink_weight == 1.0:
         return F.l1_loss(recon, x) + F.mse_loss(recon, x)
