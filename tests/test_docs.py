@@ -80,14 +80,15 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert second == _ci_test_command(), "README.md's test command and .ci/run differ: keep them in sync"
 
 
-def test_every_docs_link_into_results_names_an_existing_path():
-    """Pages cite raw files as code paths (`results/...`); a renamed or pruned folder must not leave them dangling."""
-    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+def test_every_path_the_docs_cite_exists():
+    """Pages cite raw files and code as code paths (`results/...`, `algorithms/...`); a renamed, moved or pruned
+    file or folder must not leave them dangling."""
+    cited = re.compile(r"`((?:results|algorithms|integrations|benchmarks|vgrpo_lib|tests|docs)/[^`\s*{}<>:]+?)`")
     missing = []
-    for page in pages:
-        for path in re.findall(r"`(results/[^`\s*{}<>]+?)`", page.read_text()):
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        for path in cited.findall(page.read_text()):
             if PLACEHOLDER.search(path):  # results/protocol-TASK/, results/...: a pattern, not a path
                 continue
             if not (ROOT / path.rstrip("/")).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
-    assert not missing, "cited raw files that do not exist:\n" + "\n".join(missing)
+    assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
