@@ -177,7 +177,8 @@ def main() -> None:
         out = Path(tmp) / "cli"
         command = [sys.executable, "-m", "vgrpo_lib.algorithms.cli", "train", "--task", "custom_task:make_task",
                    "--out", str(out), *SETTINGS]
-        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]  # an error is one line: `vgrpo train: error: ...`
         assert json.loads((out / "config.json").read_text())["task"] == "custom_task:make_task"  # --resume rebuilds it
         rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
         first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
