@@ -198,8 +198,9 @@ that each GenEval spec holds; layout `{card['layout']}`). Built and measured by 
 ```python
 import torch
 from diffusers import StableDiffusion3Pipeline
+# dtype= as diffusers 0.42 names it (older releases: torch_dtype=)
 pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3_geneval",
-                                                torch_dtype=torch.float32)
+                                                dtype=torch.float32)
 image = pipe("a red 3 and a blue 8", height={card['canvas']}, width={card['canvas']}, num_inference_steps=20,
              guidance_scale=4.0).images[0]
 ```

@@ -54,11 +54,12 @@ Every component is the real diffusers / transformers class in a small config, st
 ```python
 import torch
 from diffusers import StableDiffusion3Pipeline
-pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3", torch_dtype=torch.float32)
+# dtype= as diffusers 0.42 names it (older releases: torch_dtype=)
+pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3", dtype=torch.float32)
 image = pipe("the number 42", height=32, width=96, num_inference_steps=20, guidance_scale=4.0).images[0]
 # the same conditioning, cheaper: no T5 and no zero tokens (what the `mnist-sd3` preset does)
 pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3", text_encoder_3=None,
-                                                tokenizer_3=None, torch_dtype=torch.float32)
+                                                tokenizer_3=None, dtype=torch.float32)
 image = pipe("the number 42", height=32, width=96, num_inference_steps=20, guidance_scale=4.0,
              max_sequence_length={card['t5_tokens']}).images[0]
 ```
