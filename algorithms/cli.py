@@ -42,6 +42,7 @@ from vgrpo_lib.integrations.tasks import resolve_task_name
 from vgrpo_lib.algorithms.trainer import RewardError, Trainer
 from vgrpo_lib.integrations.distributed import init_from_env
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.extras import MissingExtraError
 
 
 def _train(args) -> int:
@@ -274,7 +275,8 @@ def expected_error(error: Exception) -> tuple[int, str] | None:
         return EXIT_TRAINING, str(error)
     if isinstance(error, OSError) and filesystem_message(error):
         return EXIT_FILESYSTEM, filesystem_message(error)
-    if isinstance(error, (ValueError, MissingWeightsError, FileNotFoundError, TaskProtocolError)):  # arguments, config, paths
+    if isinstance(error, (ValueError, MissingWeightsError, MissingExtraError, FileNotFoundError, TaskProtocolError)):
+        # arguments, config, paths, a missing extra or missing weights
         return EXIT_USAGE, str(error)
     return None
 

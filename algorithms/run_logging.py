@@ -13,19 +13,20 @@ logged as images to wandb; the other backends keep them as the run directory's P
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from vgrpo_lib.extras import missing_packages, require_extra
 
 LOG_BACKENDS = ("auto", "tensorboard", "csv", "wandb")
 
 
 def resolve_backend(backend: str) -> str:
-    """The concrete backend of ``backend`` (``auto``: tensorboard when installed, else csv); a ValueError naming
-    the package to install when the chosen one is missing."""
+    """The concrete backend of ``backend`` (``auto``: tensorboard when installed, else csv); a
+    :class:`~vgrpo_lib.extras.MissingExtraError` naming the extra to install when the chosen one is missing."""
     if backend == "auto":
-        return "tensorboard" if importlib.util.find_spec("tensorboard") else "csv"
-    if backend in ("tensorboard", "wandb") and importlib.util.find_spec(backend) is None:
-        raise ValueError(f"log.backend={backend} needs the {backend} package: pip install {backend}.")
+        return "csv" if missing_packages("tensorboard") else "tensorboard"
+    if backend in ("tensorboard", "wandb"):
+        require_extra(backend, f"log.backend={backend}")
     return backend
 
 

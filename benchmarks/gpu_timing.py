@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from vgrpo_lib.extras import require_extra
+
 # stabilityai/stable-diffusion-3.5-medium, transformer/config.json (MMDiT-X: 24 blocks of width 24 x 64 = 1536,
 # the first 13 with a second, image-only attention; RMS QK-norm; ~2.5B parameters).
 SD35_MEDIUM_TRANSFORMER = dict(
@@ -57,6 +59,7 @@ PAPER_SAMPLES_PER_ITERATION = 48 * 24
 
 def build_model(tiny: bool, device: torch.device, lora_rank: int, gradient_checkpointing: bool):
     """A randomly initialised SD3.5-M-size (or tiny) transformer as a LoRA-trained protocol model."""
+    require_extra("diffusers", "The SD3.5-M-size timing")
     from diffusers import SD3Transformer2DModel
 
     from vgrpo_lib.integrations.diffusers_adapters import SD3Velocity, add_lora, upcast_trainable_parameters

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from vgrpo_lib.extras import needs_extra
+
 TRAINED_ADAPTER = "default"
 BEHAVIOUR_ADAPTER = "old"
 
@@ -55,7 +57,8 @@ def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64, target_module
     The B matrices start at zero (peft's "gaussian" init), so the trained policy equals the base
     model until the first optimizer step. Only the new adapter's parameters require grad afterwards.
     """
-    from peft import LoraConfig
+    with needs_extra("diffusers", "A LoRA adapter"):
+        from peft import LoraConfig
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian",
                         target_modules=list(target_modules))

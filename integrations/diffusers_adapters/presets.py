@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from vgrpo_lib.extras import require_extra
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .flux import FluxVelocity, encode_prompts_flux
@@ -100,6 +101,7 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
             documents for SD3); its part of the prompt embedding is then ``max_sequence_length`` zero tokens.
         adapter_kwargs: passed to the adapter (e.g. FLUX `guidance_scale`).
     """
+    require_extra("diffusers", f"Loading the {family.upper()} pipeline {name_or_path!r}")
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     if family not in ("sd3", "flux"):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vgrpo_lib.extras import needs_extra
 from .base import Reward, register_reward
 from .loading import load_config_and_processors, load_weights, resolve_local_files_only
 from .preprocess import ImagePreprocessor
@@ -69,7 +70,8 @@ class CLIPSimilarity(Reward):
 
 
 def _load_clip(model_name: str, processor_name: str, purpose: str, local_files_only: bool | None, dtype):
-    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+    with needs_extra("rewards", f"Loading {purpose}"):
+        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
     local = resolve_local_files_only(local_files_only)
     model = load_weights(lambda: CLIPModel.from_pretrained(model_name, local_files_only=local), model_name, purpose)
@@ -128,9 +130,10 @@ class HPSv21(CLIPSimilarity):
             base: hub name or directory of a transformers CLIP-H/14 (config, tokenizer, image
                 processor; its weights are not loaded).
         """
-        from transformers import CLIPConfig, CLIPModel
-
         purpose = "the HPSv2.1 reward"
+        with needs_extra("rewards", "The HPSv2.1 reward"):
+            from transformers import CLIPConfig, CLIPModel
+
         local = resolve_local_files_only(local_files_only)
         path = _local_or_hub_file(checkpoint, filename, local, purpose)
         config, tokenizer, image_processor = load_config_and_processors(CLIPConfig, base, local, purpose, "CLIP-H/14")

@@ -21,6 +21,7 @@ import re
 import torch
 from torch import nn
 
+from vgrpo_lib.extras import needs_extra
 from .base import Reward, register_reward
 from .clip_rewards import ScoreMLP, _load_strict_params, _local_or_hub_file
 from .loading import load_config_and_processors, resolve_local_files_only
@@ -64,8 +65,9 @@ class ImageReward(Reward):
                 image-processor statistics are used (its weights are not loaded).
             image_size: the input resolution ImageReward was trained at (224).
         """
-        from transformers import BlipConfig, BlipVisionModel
-        from transformers.models.blip.modeling_blip_text import BlipTextModel
+        with needs_extra("rewards", "The ImageReward reward"):
+            from transformers import BlipConfig, BlipVisionModel
+            from transformers.models.blip.modeling_blip_text import BlipTextModel
 
         purpose = "the ImageReward reward"
         local = resolve_local_files_only(local_files_only)

@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import torch
 
+from vgrpo_lib.extras import needs_extra
+
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -65,7 +67,8 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
 def load_config_and_processors(config_class, name: str, local_files_only: bool, purpose: str, model_kind: str):
     """A transformers config, tokenizer and image processor from ``name`` (hub id or folder), each failing
     clearly when missing offline: the pieces a converted original checkpoint is loaded into."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    with needs_extra("rewards", f"Loading {purpose}"):
+        from transformers import AutoImageProcessor, AutoTokenizer
 
     def load(loader, what: str):
         return load_weights(lambda: loader.from_pretrained(name, local_files_only=local_files_only), name,

@@ -12,6 +12,8 @@ import re
 import torch
 from PIL import Image
 
+from vgrpo_lib.extras import needs_extra
+
 from .base import Reward, register_reward
 
 
@@ -118,7 +120,8 @@ class OCRReward(Reward):
                  view=None, order_free: bool = False):
         super().__init__()
         if engine is None:
-            from rapidocr_onnxruntime import RapidOCR
+            with needs_extra("rewards", "The ocr reward (rapidocr)"):
+                from rapidocr_onnxruntime import RapidOCR
 
             engine = RapidOCR()
         self.engine = engine

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from vgrpo_lib.extras import needs_extra
 from vgrpo_lib.integrations.diffusers_adapters.flux import encode_prompts_flux
 from vgrpo_lib.integrations.diffusers_adapters.lora import (
     TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
@@ -457,7 +458,8 @@ class DiffusersTask:
         adapter and its config as metadata, through the pipeline class's ``save_lora_weights``), so that
         ``Pipeline.from_pretrained(base).load_lora_weights(directory)`` gives the trained transformer. Returns the
         model card's facts: ``base_model`` and ``usage`` (Python code loading it)."""
-        from peft.utils import get_peft_model_state_dict
+        with needs_extra("diffusers", "Exporting a LoRA policy"):
+            from peft.utils import get_peft_model_state_dict
 
         pipeline_class = type(self.base.pipe)
         transformer = policy.transformer

@@ -31,7 +31,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vgrpo_lib.integrations.rewards.loading import MissingWeightsError  # what the CLI reports as one line: a missing install
+from vgrpo_lib.extras import needs_extra, require_extra
 from vgrpo_lib.integrations.tasks.hub import hub_task
 from vgrpo_lib.integrations.tasks.imports import ImportPathError, is_import_path, load_import_path
 from vgrpo_lib.integrations.tasks.mnist_sd3 import mnist_sd3_task
@@ -40,10 +40,6 @@ from vgrpo_lib.integrations.testbed.tasks import TASKS, get_task
 
 __all__ = ["TASK_ENTRIES", "TASK_KINDS", "TaskEntry", "build_task", "call_factory", "register_task", "resolve_task_name",
            "task_description", "task_names"]
-
-DIFFUSERS_MODULES = ("diffusers", "transformers", "peft", "accelerate")
-"""The packages of the ``diffusers`` extra: a diffusers task that misses one says which extra to install."""
-
 
 TASK_KINDS = ("testbed", "pipeline", "hub", "registered")
 """The kinds of registered tasks: the embedded testbed's, a pipeline preset's own (``<pipeline>/<task>``), a hub
@@ -69,16 +65,13 @@ def _testbed(name: str) -> Callable[[dict], object]:
 
 
 def _needs_diffusers(name: str, build: Callable[[dict], object]) -> Callable[[dict], object]:
-    """``build`` with a missing package of the ``diffusers`` extra reported as one line naming the extra."""
+    """``build`` with a missing package of the ``diffusers`` extra reported as one line naming the extra
+    (:class:`~vgrpo_lib.extras.MissingExtraError`), checked before building."""
 
     def checked(settings: dict):
-        try:
+        require_extra("diffusers", f"Task {name!r}")
+        with needs_extra("diffusers", f"Task {name!r}"):
             return build(settings)
-        except ModuleNotFoundError as error:
-            if (error.name or "").split(".")[0] not in DIFFUSERS_MODULES:
-                raise
-            raise MissingWeightsError(f"Task {name!r} needs the diffusers integration ({error.name} is not installed): "
-                                      f"pip install 'vgrpo-lib[diffusers]'.") from error
 
     return checked
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vgrpo_lib.extras import needs_extra, require_extra
 from vgrpo_lib.integrations.testbed.checkpoints import save_checkpoint
 from vgrpo_lib.integrations.testbed.data import load_digits8, load_mnist, make_pairs, to_model_space
 from vgrpo_lib.integrations.testbed.models import NULL_ID, DigitClassifier, JudgeClassifier, VelocityMLP
@@ -269,7 +270,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(NUM_THREADS)
     for name in [n for n in PIPELINES if n in args.names]:
         module, function = PIPELINES[name]
-        card = getattr(importlib.import_module(module), function)(log=lambda line: print(line, flush=True))
+        require_extra("diffusers", f"Pretraining {name}")
+        with needs_extra("diffusers", f"Pretraining {name}"):
+            build = getattr(importlib.import_module(module), function)
+        card = build(log=lambda line: print(line, flush=True))
         print(f"{name}: {card['metrics']} in {card['seconds']['total_s']} s", flush=True)
     args.names = [n for n in args.names if n not in PIPELINES]
     if not args.names:

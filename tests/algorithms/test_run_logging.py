@@ -13,6 +13,7 @@ from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.config import apply_overrides
 from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.run_logging import resolve_backend
+from vgrpo_lib.extras import MissingExtraError
 from vgrpo_lib.algorithms.trainer import Trainer
 
 
@@ -79,7 +80,7 @@ def test_a_missing_logger_package_and_a_project_without_wandb_are_refused(monkey
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else find_spec(name))
-    with pytest.raises(ValueError, match=r"log.backend=wandb needs the wandb package: pip install wandb"):
+    with pytest.raises(MissingExtraError, match=r"^log.backend=wandb needs the 'wandb' extra: pip install 'vgrpo-lib\[wandb\]'"):
         resolve_backend("wandb")
     assert resolve_backend("csv") == "csv"
     config = build_config("vgrpo", None, "testbed", [])

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from vgrpo_lib.extras import needs_extra
+
 from .prompts import VOCABULARY
 from .render import DIGIT_SIZE, LATENT_CHANNELS, NUMBER_SIZE, VAE_DOWNSAMPLE
 
@@ -56,7 +58,8 @@ def clip_tokenizer(vocabulary: tuple[str, ...] = VOCABULARY):
     Every word is spelled by a chain of merges, left to right. BPE applies the earliest merge first, so one
     word's chain can pre-empt another's ("re" of "red" splits "three" into th, re, e); each word that does not
     come out whole gets merges of the pieces it does come out as, appended until every word is one token."""
-    from transformers import CLIPTokenizer
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from transformers import CLIPTokenizer
 
     vocab = {token: i for i, token in enumerate(_SPECIALS)}
     merges = []
@@ -91,7 +94,8 @@ def null_t5():
     """SD3's third text encoder as a placeholder: ``(T5EncoderModel, T5TokenizerFast)`` whose every weight is
     zero, so any prompt encodes to ``(B, max_sequence_length, JOINT_ATTENTION_DIM)`` exact zeros (SD3's
     T5-free conditioning) in any dtype. The tokenizer is T5's with only its four special tokens."""
-    from transformers import T5Config, T5EncoderModel, T5TokenizerFast
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from transformers import T5Config, T5EncoderModel, T5TokenizerFast
 
     tokenizer = T5TokenizerFast(extra_ids=0)
     encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=JOINT_ATTENTION_DIM, **NULL_T5))
@@ -102,7 +106,8 @@ def null_t5():
 
 
 def _clip_encoder(vocab_size: int, sizes: dict):
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(vocab_size=vocab_size, max_position_embeddings=CLIP_LENGTH, bos_token_id=0,
                             eos_token_id=1, pad_token_id=1, **sizes)
@@ -111,7 +116,8 @@ def _clip_encoder(vocab_size: int, sizes: dict):
 
 def build_vae(sample_size: int = DIGIT_SIZE[0]):
     """The untrained ``AutoencoderKL``: RGB -> 4 latent channels at 1/4 resolution (scaling set by training)."""
-    from diffusers import AutoencoderKL
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from diffusers import AutoencoderKL
 
     return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
                          block_out_channels=VAE_BLOCKS, down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
@@ -123,7 +129,8 @@ def build_vae(sample_size: int = DIGIT_SIZE[0]):
 def build_transformer(image_sizes: tuple[tuple[int, int], ...] = (DIGIT_SIZE, NUMBER_SIZE)):
     """The untrained ``SD3Transformer2DModel`` for images of ``image_sizes`` (default: the digit and number tasks;
     default sample size: the first size's latents, position embeddings up to the widest side)."""
-    from diffusers import SD3Transformer2DModel
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from diffusers import SD3Transformer2DModel
 
     inner = TRANSFORMER["num_attention_heads"] * TRANSFORMER["attention_head_dim"]
     widest = max(max(size) for size in image_sizes) // VAE_DOWNSAMPLE // TRANSFORMER["patch_size"]
@@ -138,7 +145,8 @@ def build_pipeline(seed: int = 0, vocabulary: tuple[str, ...] = VOCABULARY,
     """An untrained MNIST-SD3 ``StableDiffusion3Pipeline`` (float32, CPU) with the final configs; ``vocabulary``
     and ``image_sizes`` (the defaults are MNIST-SD3's) let a sibling pipeline on other prompts and canvases (the
     GenEval compositions) use the same architecture."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+    with needs_extra("diffusers", "The MNIST-SD3 pipeline"):
+        from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = clip_tokenizer(vocabulary), clip_tokenizer(vocabulary)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
+from vgrpo_lib.extras import needs_extra
 from vgrpo_lib.integrations.testbed.data import load_mnist
 
 from .build import PIPELINE_DIR, T5_TOKENS, build_pipeline, null_t5
@@ -403,7 +404,8 @@ def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_ca
 
 def pretrain_mnist_sd3(log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dict = FLOW_RECIPE) -> dict:
     """The whole rebuild: build, train the VAE, then the flow, measure, save to ``PIPELINE_DIR``; returns the card."""
-    from rapidocr_onnxruntime import RapidOCR
+    with needs_extra("rewards", "Pretraining MNIST-SD3 (its OCR measurement)"):
+        from rapidocr_onnxruntime import RapidOCR
 
     from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 
