@@ -27,13 +27,6 @@ from vgrpo_lib.integrations.distributed import Shard
 from vgrpo_lib.samplers import nfe_per_sample, sample_ode
 
 
-def expand_rows(value, num: int):
-    """Repeat each row ``num`` times along a new second dimension: ``[N, ...] -> [N, num, ...]`` (a view)."""
-    if isinstance(value, TensorDictBase):
-        return value.unsqueeze(1).expand(value.shape[0], num)
-    return value.unsqueeze(1).expand(value.shape[0], num, *value.shape[1:])
-
-
 class Algorithm:
     """Base class. Subclasses set ``name`` and ``loss_module`` and override what differs."""
 

@@ -11,6 +11,9 @@
                                                    safetensors, with a model card; see vgrpo_lib.algorithms.export)
     vgrpo compress PATH ...                       (gzip the tables of the runs in PATH, e.g. a finished comparison
                                                    kept in results/; every command reads them back unchanged)
+    vgrpo config [--algo A] [--preset P] [--task T] [--format text|markdown|json]
+                                                  (every config key with its value, type, allowed values, help and
+                                                   algorithms: of one run, or of every algorithm without --algo)
 
 An expected failure prints one line, ``vgrpo COMMAND: error: ...``, and exits with its own code (see
 :mod:`vgrpo_lib.algorithms.errors`: 2 usage or configuration, 3 run directory (or export folder) refused, 4 damaged file, 5 disk full / read-only
@@ -28,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vgrpo_lib.algorithms.config import ALGORITHMS
+from vgrpo_lib.algorithms.config import ALGORITHMS, TrainConfig
+from vgrpo_lib.algorithms.config_reference import FORMATS, describe_config
 from vgrpo_lib.algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
     RunDirError, UsageError, filesystem_message,
@@ -134,6 +138,13 @@ def run_folders(path: Path) -> list[Path]:
     return runs
 
 
+def _config(args) -> int:
+    given = args.algo is not None or args.preset is not None or args.task is not None
+    config = TrainConfig.for_algo(args.algo or "vgrpo", args.preset or "testbed", args.task) if given else None
+    print(describe_config(config, args.format), end="" if args.format == "markdown" else "\n")
+    return 0
+
+
 def _compress(args) -> int:
     for path in map(Path, args.paths):
         runs = run_folders(path)
@@ -234,6 +245,16 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
                                    "eval.jsonl -> NAME.gz), read back unchanged by every command")
     compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's --out)")
     compress.set_defaults(handler=_compress)
+
+    config = commands.add_parser("config", help="list the config keys with their values, types, allowed values, help "
+                                 "and algorithms (of one run with --algo/--preset/--task; else every key)")
+    config.add_argument("--algo", choices=ALGORITHMS, default=None, help="the run's algorithm (default vgrpo when "
+                        "--preset or --task is given; none of the three: every key of every algorithm)")
+    config.add_argument("--preset", choices=PRESETS, default=None, help="the run's preset (default testbed)")
+    config.add_argument("--task", default=None, help=task_help())
+    config.add_argument("--format", choices=FORMATS, default="text", help="text (default), markdown (the docs' "
+                        "reference: docs/reference/config.md) or json")
+    config.set_defaults(handler=_config)
     for command in extra_commands:
         if command.name in commands.choices:
             raise ValueError(f"extra_commands: the command name {command.name!r} is taken")

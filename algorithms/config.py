@@ -5,8 +5,9 @@ Overrides use dotted paths and are type-checked against the dataclass fields::
 
     vgrpo train --algo vgrpo iterations=40 vgrpo.num_pairs=8 optim.lr=3e-4 advantage.soft_clip=none
 
-Every check is read from the dataclasses themselves: a field made with :func:`setting` carries its options
-(``choices``) and its range (``rule``); an algorithm's section (a subclass of :class:`AlgorithmSection`) carries
+Every check and every help text is read from the dataclasses themselves: a field made with :func:`setting`
+carries its options (``choices``), its range (``rule``, from :mod:`vgrpo_lib.rules`) and its ``help`` (what
+``vgrpo config`` prints); an algorithm's section (a subclass of :class:`AlgorithmSection`) carries
 the shared keys the algorithm ignores and its cross-key rules. A config refuses what it would ignore: a key of
 another algorithm's section, or a shared key the chosen algorithm does not read (``rollout.solver`` under
 Flow-GRPO), is an error that names the algorithm(s) that use it.
@@ -18,7 +19,8 @@ Adding an algorithm is one dataclass naming the algorithm(s) that read it, and o
     @dataclass
     class AWMConfig(AlgorithmSection):
         algorithms: ClassVar[tuple[str, ...]] = ("awm",)
-        num_pairs: int = setting(6, rule=AT_LEAST_ONE)
+        loss: ClassVar[type] = AWMLoss  # its _schedulable_rules: the keys schedule.* may drive
+        num_pairs: int = setting(6, rule=AT_LEAST_ONE, help="Pairs per sample.")
 
     class TrainConfig:
         ...
@@ -34,53 +36,41 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from vgrpo_lib.integrations.distributed import STRATEGIES
 from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
-from vgrpo_lib.algorithms.step_control import parse_schedule
+from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
-from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS
+from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
+from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Rule
 from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
 from vgrpo_lib.weighting import WEIGHTINGS
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A range check of a config value: ``ok(value)``, described as ``text`` in the error (``must be {text}``)."""
-
-    ok: Callable[[Any], bool]
-    text: str
-
-
-POSITIVE = Rule(lambda v: v > 0, "> 0")
-NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
-AT_LEAST_ONE = Rule(lambda v: v >= 1, ">= 1")
-UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "in [0, 1]")
-FRACTION = Rule(lambda v: 0 < v <= 1, "in (0, 1]")
+__all__ = [
+    "ALGORITHMS", "AWMConfig", "AdvantageConfig", "AlgorithmSection", "ClipRange", "DiffusionNFTConfig",
+    "DistributedConfig", "EvalConfig", "FPOConfig", "FlowGRPOConfig", "FlowGRPOFastConfig", "LogConfig", "ModelConfig",
+    "OPTIONS", "OptimConfig", "PRECISIONS", "RENAMED", "RolloutConfig", "ScheduleConfig", "Section", "TrainConfig",
+    "VGRPOConfig", "apply_overrides", "check_trained_fraction", "key_users", "parse_image_size", "schedule_targets",
+    "setting", "valid_keys", "validate",
+]
 
 
-def setting(default, *, choices=(), rule: Rule | None = None):
-    """A config field with its checks: ``choices`` (the valid option strings) and ``rule`` (a range, checked
-    unless the value is None)."""
-    return field(default=default, metadata={"choices": tuple(choices), "rule": rule})
+def setting(default, *, choices=(), rule: Rule | None = None, help: str):
+    """A config field with its checks and its documentation: ``choices`` (the valid option strings), ``rule`` (a
+    range, checked unless the value is None) and ``help`` (one or two sentences: what the key does, its official
+    values; printed by ``vgrpo config`` and the docs' config reference)."""
+    return field(default=default, metadata={"choices": tuple(choices), "rule": rule, "help": help})
 
 
 ClipRange = float | tuple[float, float]  # eps, or a (low, high) pair: "0.01" or "0.01,0.02" on the command line
-
-
-def _valid_clip_range(value) -> bool:
-    low, high = value if isinstance(value, tuple) else (value, value)
-    return 0 <= low < 1 and 0 <= high < math.inf
-
-
-CLIP_RANGE = Rule(_valid_clip_range, "eps or a (low, high) pair with 0 <= low < 1 and high >= 0, finite")
 
 
 @dataclass
@@ -95,38 +85,54 @@ class Section:
 class RolloutConfig(Section):
     """How samples are generated during training (the algorithm may override the sampler: Flow-GRPO's SDE)."""
 
-    num_steps: int = setting(10, rule=AT_LEAST_ONE)
-    # deterministic ODE solver of V-GRPO's and DiffusionNFT's rollouts
-    solver: str = setting("euler", choices=ODE_SOLVERS)
-    # SD3 time shift of the grid; None: the task's own grid (testbed: uniform; a diffusers task: its pipeline
-    # scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included)
-    shift: float | None = setting(None, rule=POSITIVE)
+    num_steps: int = setting(10, rule=AT_LEAST_ONE, help="Solver steps of a training rollout.")
+    solver: str = setting("euler", choices=ODE_SOLVERS,
+                          help="Deterministic ODE solver of V-GRPO's and DiffusionNFT's rollouts.")
+    shift: float | None = setting(
+        None, rule=POSITIVE,
+        help="SD3 time shift of the rollout grid. None: the task's own grid (testbed: uniform; a diffusers task: its "
+             "pipeline scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included).",
+    )
 
 
 @dataclass
 class OptimConfig(Section):
     """The optimizer (AdamW), how the rollout is cut into gradient steps, and an EMA of the weights."""
 
-    lr: float = setting(1e-4, rule=POSITIVE)
-    weight_decay: float = setting(0.0, rule=NON_NEGATIVE)
-    max_grad_norm: float = setting(1.0, rule=POSITIVE)
-    epochs: int = setting(1, rule=AT_LEAST_ONE)  # passes over the rollout per iteration
-    # rows per gradient step (None: the whole rollout in one gradient step per epoch)
-    minibatch_size: int | None = setting(None, rule=AT_LEAST_ONE)
-    # or: this many gradient steps per epoch, each on an equal share of the rows (the official Flow-GRPO batching:
-    # 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage); exclusive with minibatch_size
-    minibatches: int | None = setting(None, rule=AT_LEAST_ONE)
-    # rows per forward/backward inside a minibatch (gradient accumulation)
-    micro_batch_size: int | None = setting(None, rule=AT_LEAST_ONE)
-    # abort after this many consecutive skipped (non-finite) steps
-    max_nonfinite_steps: int = setting(5, rule=AT_LEAST_ONE)
-    # EMA of the trained weights, evaluated in their place (official Flow-GRPO and DiffusionNFT: 0.9, with the
-    # warm-up min((1 + s) / (10 + s), ema_decay)); None: off
-    ema_decay: float | None = setting(None, rule=UNIT_INTERVAL)
-    ema_every: int = setting(1, rule=AT_LEAST_ONE)  # gradient steps between EMA updates (official Flow-GRPO 8, NFT 1)
-    # early stop of the epochs: skip the rest once an epoch's mean approx_kl_k3 exceeds this (None: never); for the
-    # algorithms with an importance ratio (a clip_range)
-    max_kl: float | None = setting(None, rule=POSITIVE)
+    lr: float = setting(1e-4, rule=POSITIVE, help="AdamW learning rate (schedule.lr may change it over the run).")
+    weight_decay: float = setting(0.0, rule=NON_NEGATIVE,
+                                  help="AdamW weight decay (official Flow-GRPO / DiffusionNFT: 1e-4).")
+    max_grad_norm: float = setting(1.0, rule=POSITIVE, help="Gradients are clipped to this global norm.")
+    epochs: int = setting(1, rule=AT_LEAST_ONE, help="Passes over the rollout per iteration.")
+    minibatch_size: int | None = setting(
+        None, rule=AT_LEAST_ONE,
+        help="Rows per gradient step. None: the whole rollout in one gradient step per epoch.",
+    )
+    minibatches: int | None = setting(
+        None, rule=AT_LEAST_ONE,
+        help="Or: this many gradient steps per epoch, each on an equal share of the rows (the official Flow-GRPO "
+             "batching: 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage). Exclusive with "
+             "optim.minibatch_size.",
+    )
+    micro_batch_size: int | None = setting(
+        None, rule=AT_LEAST_ONE, help="Rows per forward/backward inside a minibatch (gradient accumulation).",
+    )
+    max_nonfinite_steps: int = setting(
+        5, rule=AT_LEAST_ONE, help="Abort after this many consecutive skipped (non-finite) gradient steps.",
+    )
+    ema_decay: float | None = setting(
+        None, rule=UNIT_INTERVAL,
+        help="EMA of the trained weights, evaluated in their place (official Flow-GRPO and DiffusionNFT: 0.9, with "
+             "the warm-up min((1 + s) / (10 + s), ema_decay)). None: off.",
+    )
+    ema_every: int = setting(
+        1, rule=AT_LEAST_ONE, help="Gradient steps between EMA updates (official Flow-GRPO: 8, DiffusionNFT: 1).",
+    )
+    max_kl: float | None = setting(
+        None, rule=POSITIVE,
+        help="Early stop of the epochs: skip the rest once an epoch's mean approx_kl_k3 exceeds this (None: never); "
+             "for the algorithms with an importance ratio (a clip_range).",
+    )
 
     def check(self, config: TrainConfig) -> None:
         if self.max_kl is not None:
@@ -145,15 +151,23 @@ class OptimConfig(Section):
 class AdvantageConfig(Section):
     """Group-relative advantages (:class:`vgrpo_lib.advantages.GroupAdvantage`), for every algorithm."""
 
-    scale: str = setting("group", choices=SCALES)
-    soft_clip: float | None = setting(None, rule=POSITIVE)  # eta of eta * tanh(A / eta)
-    # hard clip [-clip, clip] before the soft clip (Flow-GRPO: 5); DiffusionNFT's Amax (it needs one; official 5)
-    clip: float | None = setting(None, rule=POSITIVE)
-    eps: float = setting(1e-6, rule=NON_NEGATIVE)  # added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4)
-    # several rewards (model.reward=pickscore:1,ocr:0.5; a task's weighted reward): sum_then_normalize (the weighted
-    # sum of the raw scores is normalised per group: official Flow-GRPO) | normalize_then_sum (each reward is
-    # normalised per group, then weighted and summed: no reward dominates by its scale)
-    multi_reward: str = setting("sum_then_normalize", choices=MULTI_REWARD)
+    scale: str = setting("group", choices=SCALES,
+                         help="How the rewards are normalised: group (by each prompt group's std) | batch (by the "
+                              "batch's std: official Flow-GRPO / DiffusionNFT) | none | rank | trimmed (see "
+                              "vgrpo_lib.advantages.GroupAdvantage).")
+    soft_clip: float | None = setting(None, rule=POSITIVE, help="eta of the soft clip eta * tanh(A / eta). None: off.")
+    clip: float | None = setting(
+        None, rule=POSITIVE,
+        help="Hard clip of the advantages to [-clip, clip], before the soft clip (official Flow-GRPO: 5). None: off.",
+    )
+    eps: float = setting(1e-6, rule=NON_NEGATIVE,
+                         help="Added to the scale (official Flow-GRPO / DiffusionNFT: 1e-4).")
+    multi_reward: str = setting(
+        "sum_then_normalize", choices=MULTI_REWARD,
+        help="Several rewards (model.reward=pickscore:1,ocr:0.5; a task's weighted reward): sum_then_normalize (the "
+             "weighted sum of the raw scores is normalised per group: official Flow-GRPO) | normalize_then_sum (each "
+             "reward is normalised per group, then weighted and summed: no reward dominates by its scale).",
+    )
 
 
 @dataclass
@@ -161,22 +175,33 @@ class ScheduleConfig(Section):
     """Values that change over the run (:mod:`vgrpo_lib.algorithms.step_control`), from the configured value, one step per
     iteration: ``constant``, ``linear:end=E,steps=N``, ``cosine:end=E,steps=N``,
     ``piecewise:at=B1/B2,values=V0/V1/V2``, each with an optional ``warmup=W``; and for the KL coefficients
-    ``adaptive:target=T,horizon=H`` (the adaptive KL controller). None: the configured value throughout."""
+    ``adaptive:target=T,horizon=H`` (the adaptive KL controller). None: the configured value throughout. Every value
+    a schedule reaches is checked before the run starts: the learning rate's must be >= 0, any other's obeys the
+    rule its loss declares for it (``_schedulable_rules`` of :mod:`vgrpo_lib.losses`)."""
 
-    lr: str | None = None  # from optim.lr
-    clip_range: str | None = None  # from <algo>.clip_range (a single eps)
-    behaviour_kl_coef: str | None = None  # from <algo>.behaviour_kl_coef (which must be set; 0 starts it off)
-    ref_kl_coef: str | None = None  # from <algo>.ref_kl_coef (which must be set; 0 starts it off)
+    lr: str | None = setting(None, help="Schedule of the learning rate, from optim.lr (may decay to 0).")
+    clip_range: str | None = setting(None, help="Schedule of the clip range, from <algo>.clip_range (a single eps).")
+    behaviour_kl_coef: str | None = setting(
+        None, help="Schedule of the behaviour-KL coefficient, from <algo>.behaviour_kl_coef (which must be set; 0 "
+                   "starts it off).",
+    )
+    ref_kl_coef: str | None = setting(
+        None, help="Schedule of the reference-KL coefficient, from <algo>.ref_kl_coef (which must be set; 0 starts "
+                   "it off).",
+    )
 
     def check(self, config: TrainConfig) -> None:
+        rules = {"lr": SCHEDULED_LR}
+        for section in _algorithm_sections().values():
+            rules |= section.schedulable() if config.algo in section.algorithms else {}
         for name, (start, spec) in schedule_targets(config).items():
-            parse_schedule(spec, start, f"schedule.{name}", adaptive=name.endswith("kl_coef"))
+            parse_schedule(spec, start, f"schedule.{name}", rules[name], adaptive=name.endswith("kl_coef"))
 
 
 def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
-    """Each scheduled value's name, start value and schedule: ``lr`` from ``optim.lr``, any other from the field
-    of that name of the chosen algorithm's section (a ValueError naming the key where it has none or it is
-    unset)."""
+    """Each scheduled value's name, start value and schedule: ``lr`` from ``optim.lr``, any other from the section
+    of the chosen algorithm whose loss declares it schedulable (:meth:`AlgorithmSection.schedulable`; a ValueError
+    naming the key where there is none or it is unset)."""
     targets = {}
     sections = {name: getattr(config, name) for name, s in _algorithm_sections().items() if config.algo in s.algorithms}
     for f in fields(ScheduleConfig):
@@ -186,7 +211,7 @@ def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
         if f.name == "lr":
             targets["lr"] = (config.optim.lr, spec)
             continue
-        owner = next((name for name, section in sections.items() if hasattr(section, f.name)), None)
+        owner = next((name for name, section in sections.items() if f.name in section.schedulable()), None)
         if owner is None:
             raise ValueError(f"schedule.{f.name}: {config.algo} has no {f.name} to schedule.")
         start = getattr(sections[owner], f.name)
@@ -205,10 +230,19 @@ def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
 class AlgorithmSection(Section):
     """Base of an algorithm's config section: ``algorithms`` names the algorithms that read it (the first usually
     gives the section its name); its :meth:`check` runs only when one of them is chosen. ``ignores`` maps keys of
-    other sections that these algorithms do not read to the reason (setting one is an error)."""
+    other sections that these algorithms do not read to the reason (setting one is an error). ``loss`` is the loss
+    module these algorithms build from the section: the keys its ``_schedulable_rules`` declare are the ones a
+    ``schedule.*`` may drive."""
 
     algorithms: ClassVar[tuple[str, ...]] = ()
     ignores: ClassVar[dict[str, str]] = {}
+    loss: ClassVar[type | None] = None
+
+    @classmethod
+    def schedulable(cls) -> dict[str, Rule]:
+        """The section's keys that a schedule may drive, each with the rule its loss declares."""
+        declared = cls.loss._schedulable_rules if cls.loss is not None else {}
+        return {f.name: declared[f.name] for f in fields(cls) if f.name in declared}
 
 
 def check_trained_fraction(key: str, fraction: float, config: TrainConfig) -> None:
@@ -225,18 +259,32 @@ class VGRPOConfig(AlgorithmSection):
     """V-GRPO: the ELBO surrogate's pairs and the clipped whole-sample ratio."""
 
     algorithms: ClassVar[tuple[str, ...]] = ("vgrpo",)
+    loss: ClassVar[type] = VGRPOLoss
 
-    num_pairs: int = setting(4, rule=AT_LEAST_ONE)
-    timesteps: str = setting("stratified", choices=TIMESTEP_SAMPLERS)
-    sharing: str = setting("group", choices=SHARING_SCOPES)
-    weighting: str = setting("adaptive_x", choices=WEIGHTINGS)
-    # independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs even num_pairs)
-    noise: str = setting("independent", choices=NOISE_SCHEMES)
-    clip_range: ClipRange = setting(0.01, rule=CLIP_RANGE)
-    # x-space KL to the behaviour policy (paper: 0.3 where used)
-    behaviour_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
-    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)  # x-space KL to the base policy
-    chunk_size: int | None = setting(None, rule=AT_LEAST_ONE)
+    num_pairs: int = setting(4, rule=AT_LEAST_ONE, help="K, the timestep-noise pairs of each sample's ELBO surrogate.")
+    timesteps: str = setting("stratified", choices=TIMESTEP_SAMPLERS, help="How the pairs' timesteps are drawn.")
+    sharing: str = setting("group", choices=SHARING_SCOPES,
+                           help="Which samples share their pairs (group: every sample of a prompt group).")
+    weighting: str = setting("adaptive_x", choices=WEIGHTINGS, help="Weighting of each pair's flow-matching loss.")
+    noise: str = setting(
+        "independent", choices=NOISE_SCHEMES,
+        help="independent | antithetic (ours, beyond the paper: K/2 couples (eps, -eps) at a shared t; needs an even "
+             "vgrpo.num_pairs).",
+    )
+    clip_range: ClipRange = setting(
+        0.01, rule=CLIP_RANGE,
+        help="eps or LOW,HIGH of the clipped whole-sample ratio (the paper: about 6e-3 to 3e-2, not LLM-style 0.2).",
+    )
+    behaviour_kl_coef: float | None = setting(
+        None, rule=NON_NEGATIVE, help="x-space KL to the behaviour policy (paper: 0.3 where used). None: no term.",
+    )
+    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE,
+                                        help="x-space KL to the base policy. None: no term.")
+    chunk_size: int | None = setting(
+        None, rule=AT_LEAST_ONE,
+        help="Largest number of model rows per surrogate forward (the estimator runs B*K rows; this bounds "
+             "memory). None: all at once.",
+    )
 
     def check(self, config: TrainConfig) -> None:
         if self.noise == "antithetic" and self.num_pairs % 2:
@@ -250,25 +298,42 @@ class FlowGRPOConfig(AlgorithmSection):
 
     algorithms: ClassVar[tuple[str, ...]] = ("flow_grpo", "grpo_guard", "flow_grpo_fast")
     ignores: ClassVar[dict[str, str]] = {"rollout.solver": "its rollout is its own SDE sampler"}
+    loss: ClassVar[type] = FlowGRPOLoss
 
-    # flow_sde: a of sigma_t = a sqrt(t / (1 - t)); cps: eta in (0, 1]
-    noise_level: float = setting(0.7, rule=POSITIVE)
-    # flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step)
-    sde_type: str = setting("flow_sde", choices=SDE_TYPES)
-    clip_range: ClipRange = setting(1e-4, rule=CLIP_RANGE)
-    log_prob_reduction: str = setting("mean", choices=LOG_PROB_REDUCTIONS)
-    # closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo)
-    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
-    # exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss)
-    kl_form: str = setting("exact", choices=FLOW_GRPO_KL_FORMS)
-    # train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10)
-    timestep_fraction: float = setting(1.0, rule=FRACTION)
-    filter_zero_advantage: bool = False  # official: samples with advantage exactly 0 are not trained
-    # classifier-free guidance in rollout and loss, uncond branch detached (official: 4.5)
-    cfg_scale: float = setting(1.0, rule=POSITIVE)
-    # MixGRPO: SDE only inside a sliding window of this many steps
-    window_size: int | None = setting(None, rule=AT_LEAST_ONE)
-    window_shift_interval: int = setting(25, rule=AT_LEAST_ONE)
+    noise_level: float = setting(
+        0.7, rule=POSITIVE,
+        help="SDE noise: a of sigma_t = a sqrt(t / (1 - t)) with flow_sde; eta in (0, 1] with cps.",
+    )
+    sde_type: str = setting(
+        "flow_sde", choices=SDE_TYPES,
+        help="flow_sde | cps (coefficients-preserving sampling; its step to t = 0 is an ODE step).",
+    )
+    clip_range: ClipRange = setting(1e-4, rule=CLIP_RANGE,
+                                    help="eps or LOW,HIGH of the per-transition clipped ratio (official: 1e-4).")
+    log_prob_reduction: str = setting("mean", choices=LOG_PROB_REDUCTIONS,
+                                      help="How a transition's log-density is reduced over the data dimensions.")
+    ref_kl_coef: float | None = setting(
+        None, rule=NON_NEGATIVE,
+        help="Closed-form Gaussian KL to the base policy (official: 0.04, 0.01 with kl_form=flow_grpo). None: no "
+             "term.",
+    )
+    kl_form: str = setting("exact", choices=FLOW_GRPO_KL_FORMS,
+                           help="exact | flow_grpo (the official: |dt| times the exact KL; see FlowGRPOLoss).")
+    timestep_fraction: float = setting(
+        1.0, rule=FRACTION, help="Train the first int(num_steps * fraction) SDE steps (official: 0.99 -> 9 of 10).",
+    )
+    filter_zero_advantage: bool = setting(
+        False, help="Samples whose advantage is exactly 0 are not trained (official: true).",
+    )
+    cfg_scale: float = setting(
+        1.0, rule=POSITIVE,
+        help="Classifier-free guidance in rollout and loss, the unconditional branch detached (official: 4.5).",
+    )
+    window_size: int | None = setting(
+        None, rule=AT_LEAST_ONE, help="MixGRPO: SDE only inside a sliding window of this many steps. None: off.",
+    )
+    window_shift_interval: int = setting(25, rule=AT_LEAST_ONE,
+                                         help="MixGRPO: iterations between shifts of the window.")
 
     def check(self, config: TrainConfig) -> None:
         steps = config.rollout.num_steps
@@ -290,27 +355,43 @@ class DiffusionNFTConfig(AlgorithmSection):
     """DiffusionNFT: implicit positive / negative policies around a soft-updated old policy."""
 
     algorithms: ClassVar[tuple[str, ...]] = ("diffusion_nft",)
+    ignores: ClassVar[dict[str, str]] = {
+        "advantage.clip": "its Amax is diffusion_nft.advantage_max, which bounds and normalises the advantages; "
+                          "configs before it named Amax advantage.clip",
+    }
+    loss: ClassVar[type] = DiffusionNFTLoss
 
-    strength: float = setting(1.0, rule=POSITIVE)  # b, the implicit-policy mixing strength
-    # all | positive_only | negative_only | one_only | binary (official variants)
-    adv_mode: str = setting("all", choices=NFT_ADVANTAGE_MODES)
-    # train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: 9 of 10)
-    timestep_fraction: float = setting(1.0, rule=FRACTION)
-    weighting: str = setting("adaptive_x", choices=WEIGHTINGS)
-    # old policy: d = 0 for the first decay_flat gradient steps, then min(decay_rate * (steps - decay_flat),
-    # decay_max), steps = gradient steps so far (official type 1: 0.001, 0.5, 0; type 2: 0.0075, 0.999, 75)
-    decay_rate: float = setting(0.001, rule=NON_NEGATIVE)
-    decay_max: float = setting(0.5, rule=UNIT_INTERVAL)
-    decay_flat: int = setting(0, rule=NON_NEGATIVE)
-    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)  # velocity MSE to the base policy (official: 1e-4)
+    strength: float = setting(1.0, rule=POSITIVE,
+                              help="b, the implicit-policy mixing strength (official: 1.0 GenEval, 0.1 OCR).")
+    advantage_max: float = setting(
+        5.0, rule=POSITIVE,
+        help="Amax: the advantages are clamped to [-Amax, Amax] and normalised into the optimality r = A / (2 Amax) "
+             "+ 1/2; the loss is scaled by Amax / b (official adv_clip_max: 5).",
+    )
+    adv_mode: str = setting(
+        "all", choices=NFT_ADVANTAGE_MODES,
+        help="The official adv_mode: all | positive_only | negative_only | one_only | binary.",
+    )
+    timestep_fraction: float = setting(
+        1.0, rule=FRACTION,
+        help="Train int(num_steps * fraction) distinct rollout timesteps per sample, fresh each step (official 0.99: "
+             "9 of 10).",
+    )
+    weighting: str = setting("adaptive_x", choices=WEIGHTINGS, help="Weighting of each pair's flow-matching loss.")
+    decay_rate: float = setting(
+        0.001, rule=NON_NEGATIVE,
+        help="Old policy's soft update: d = 0 for the first decay_flat gradient steps, then min(decay_rate * (steps - "
+             "decay_flat), decay_max) (official type 1: 0.001, 0.5, 0; type 2: 0.0075, 0.999, 75).",
+    )
+    decay_max: float = setting(0.5, rule=UNIT_INTERVAL, help="Largest decay d of the old policy's soft update.")
+    decay_flat: int = setting(0, rule=NON_NEGATIVE,
+                              help="Gradient steps before the old policy's soft update starts decaying.")
+    ref_kl_coef: float | None = setting(
+        None, rule=NON_NEGATIVE, help="Velocity MSE to the base policy (official: 1e-4). None: no term.",
+    )
 
     def check(self, config: TrainConfig) -> None:
         check_trained_fraction("diffusion_nft.timestep_fraction", self.timestep_fraction, config)
-        if config.advantage.clip is None:
-            raise ValueError(
-                "diffusion_nft needs advantage.clip: its Amax, the bound its advantages are clamped to before they "
-                "are normalised into r = A / (2 Amax) + 1/2 (official: 5; the testbed preset sets it)."
-            )
 
 
 @dataclass
@@ -324,9 +405,10 @@ class FlowGRPOFastConfig(AlgorithmSection):
         for key in ("flow_grpo.window_size", "flow_grpo.window_shift_interval", "flow_grpo.timestep_fraction")
     }
 
-    branch_steps: int = setting(2, rule=AT_LEAST_ONE)  # steps in the window (official sde_window_size: 2-3)
-    # the window lies in the first int(branch_range * num_steps) steps (official: half)
-    branch_range: float = setting(0.5, rule=FRACTION)
+    branch_steps: int = setting(2, rule=AT_LEAST_ONE, help="Steps in the window (official sde_window_size: 2-3).")
+    branch_range: float = setting(
+        0.5, rule=FRACTION, help="The window lies in the first int(branch_range * num_steps) steps (official: half).",
+    )
 
     def check(self, config: TrainConfig) -> None:
         steps = config.rollout.num_steps
@@ -348,13 +430,18 @@ class FPOConfig(AlgorithmSection):
     values)."""
 
     algorithms: ClassVar[tuple[str, ...]] = ("fpo",)
+    loss: ClassVar[type] = VGRPOLoss
 
-    num_pairs: int = setting(8, rule=AT_LEAST_ONE)  # n_samples_per_action
-    # grid: i.i.d. from the rollout grid (discretize_t_for_training) | a timestep sampler name
-    timesteps: str = setting("grid", choices=("grid", *TIMESTEP_SAMPLERS))
-    # the CFM loss ||v - (eps - x)||^2 (the paper's; the playground default supervises eps)
-    weighting: str = setting("v", choices=WEIGHTINGS)
-    clip_range: ClipRange = setting(0.05, rule=CLIP_RANGE)
+    num_pairs: int = setting(8, rule=AT_LEAST_ONE, help="Pairs per sample (official n_samples_per_action: 8).")
+    timesteps: str = setting(
+        "grid", choices=("grid", *TIMESTEP_SAMPLERS),
+        help="grid: i.i.d. from the rollout grid (official discretize_t_for_training) | a timestep sampler name.",
+    )
+    weighting: str = setting(
+        "v", choices=WEIGHTINGS,
+        help="The CFM loss ||v - (eps - x)||^2: v (the paper's; the playground default supervises eps).",
+    )
+    clip_range: ClipRange = setting(0.05, rule=CLIP_RANGE, help="eps or LOW,HIGH of the clipped ratio (official: 0.05).")
 
 
 @dataclass
@@ -362,18 +449,26 @@ class AWMConfig(AlgorithmSection):
     """AWM: advantage-weighted flow matching (official SD3.5-M GenEval/OCR configs)."""
 
     algorithms: ClassVar[tuple[str, ...]] = ("awm",)
+    loss: ClassVar[type] = AWMLoss
 
-    num_pairs: int = setting(6, rule=AT_LEAST_ONE)  # train_timesteps
-    # pairs' timesteps from the rollout grid's steps 1 .. int(fraction * T) - 1
-    timestep_fraction: float = setting(0.9, rule=FRACTION)
-    weighting: str = setting("ghuber", choices=WEIGHTINGS)
-    advantage_scale: float = setting(0.2, rule=POSITIVE)  # advantage_max / adv_clip_max = 1 / 5
-    behaviour_kl_coef: float | None = setting(1.0, rule=NON_NEGATIVE)  # velocity MSE to the soft-updated copy
-    # velocity MSE to the base policy (beta: 0.001 GenEval, 0.003 OCR)
-    ref_kl_coef: float | None = setting(None, rule=NON_NEGATIVE)
-    # copy's decay d = min(decay_rate * gradient steps so far, decay_max)
-    decay_rate: float = setting(0.001, rule=NON_NEGATIVE)
-    decay_max: float = setting(0.3, rule=UNIT_INTERVAL)
+    num_pairs: int = setting(6, rule=AT_LEAST_ONE, help="Pairs per sample (official train_timesteps: 6).")
+    timestep_fraction: float = setting(
+        0.9, rule=FRACTION, help="The pairs' timesteps are the rollout grid's steps 1 .. int(fraction * T) - 1.",
+    )
+    weighting: str = setting("ghuber", choices=WEIGHTINGS, help="Weighting of the matching loss (official: ghuber).")
+    advantage_scale: float = setting(
+        0.2, rule=POSITIVE, help="Multiplies the advantages (official advantage_max / adv_clip_max = 1 / 5).",
+    )
+    behaviour_kl_coef: float | None = setting(
+        1.0, rule=NON_NEGATIVE, help="Velocity MSE to the soft-updated copy (official: 1). None: no term.",
+    )
+    ref_kl_coef: float | None = setting(
+        None, rule=NON_NEGATIVE,
+        help="Velocity MSE to the base policy (official beta: 0.001 GenEval, 0.003 OCR). None: no term.",
+    )
+    decay_rate: float = setting(0.001, rule=NON_NEGATIVE,
+                                help="The copy's decay d = min(decay_rate * gradient steps so far, decay_max).")
+    decay_max: float = setting(0.3, rule=UNIT_INTERVAL, help="Largest decay d of the copy (official: 0.3).")
 
     def check(self, config: TrainConfig) -> None:
         steps = config.rollout.num_steps
@@ -400,41 +495,61 @@ class ModelConfig(Section):
     """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``mnist-sd3/<task>``); testbed tasks ignore
     this section. ``None`` means the task's own value (the mnist-sd3 tasks bring prompts, reward and image size)."""
 
-    path: str | None = None  # local diffusers pipeline directory or hub id (None: the task's, from the HF cache)
-    prompts: str | None = None  # training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev)
-    eval_prompts: str | None = None  # evaluation prompt file (None: the task's, else the first 8 training prompts)
-    reward: str | None = None  # a reward name or a weighted sum "pickscore:1,ocr:0.5" (None: the task's; pickscore)
-    # "512" or "HxW" in pixels (None: the task's: 512 SD3.5-M, 720 FLUX.1-dev)
-    image_size: str | None = setting(
-        None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16")
+    path: str | None = setting(
+        None, help="Local diffusers pipeline directory or hub id. None: the task's, from the Hugging Face cache.",
     )
-    lora_rank: int = setting(32, rule=AT_LEAST_ONE)
-    lora_alpha: int = setting(64, rule=AT_LEAST_ONE)
-    device: str | None = None  # None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA
-    dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"))  # storage dtype of the weights
-    # T5 tokens per prompt (None: 256 SD3 / 512 FLUX; 0 without T5)
-    max_sequence_length: int | None = setting(None, rule=NON_NEGATIVE)
-    gradient_checkpointing: bool | None = None  # None: on with CUDA
-    batch_size: int = setting(8, rule=AT_LEAST_ONE)  # samples per evaluation forward, VAE decode and text-encoder call
-    without_t5: bool = False  # SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros
+    prompts: str | None = setting(
+        None, help="Training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev).",
+    )
+    eval_prompts: str | None = setting(
+        None, help="Evaluation prompt file. None: the task's, else the first 8 training prompts.",
+    )
+    reward: str | None = setting(
+        None, help="A reward name, a weighted sum such as pickscore:1,ocr:0.5, or the import path of your own "
+        "reward, my_module:my_reward, a callable (images, prompts) -> (N,). None: the task's (pickscore).",
+    )
+    image_size: str | None = setting(
+        None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16"),
+        help="Image size in pixels, 512 or HxW. None: the task's (512 SD3.5-M, 720 FLUX.1-dev).",
+    )
+    lora_rank: int = setting(32, rule=AT_LEAST_ONE, help="Rank of the trained LoRA adapters.")
+    lora_alpha: int = setting(64, rule=AT_LEAST_ONE, help="LoRA alpha (the adapters are scaled by alpha / rank).")
+    device: str | None = setting(
+        None, help="Device of the model. None: this process's GPU (cuda:LOCAL_RANK), the CPU without CUDA.",
+    )
+    dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"), help="Storage dtype of the weights.")
+    max_sequence_length: int | None = setting(
+        None, rule=NON_NEGATIVE, help="T5 tokens per prompt. None: 256 SD3 / 512 FLUX; 0 without T5.",
+    )
+    gradient_checkpointing: bool | None = setting(None, help="Gradient checkpointing. None: on with CUDA.")
+    batch_size: int = setting(
+        8, rule=AT_LEAST_ONE, help="Samples per evaluation forward, VAE decode and text-encoder call.",
+    )
+    without_t5: bool = setting(
+        False, help="SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros.",
+    )
 
 
 @dataclass
 class DistributedConfig(Section):
     """Multi-process training under torchrun (see :mod:`vgrpo_lib.integrations.distributed`)."""
 
-    # ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes)
-    strategy: str = setting("ddp", choices=STRATEGIES)
+    strategy: str = setting(
+        "ddp", choices=STRATEGIES,
+        help="ddp | fsdp2 (parameters, gradients and optimizer state sharded over processes).",
+    )
 
 
 @dataclass
 class EvalConfig(Section):
     """Evaluation on held-out seeds during and after training."""
 
-    every: int = setting(10, rule=NON_NEGATIVE)  # iterations between evaluations (0: only at the start and the end)
-    per_prompt: int = setting(20, rule=AT_LEAST_ONE)
-    num_steps: int = setting(40, rule=AT_LEAST_ONE)
-    seed: int = 12345  # held-out seeds: independent of the training seed
+    every: int = setting(
+        10, rule=NON_NEGATIVE, help="Iterations between evaluations (0: only at the start and the end).",
+    )
+    per_prompt: int = setting(20, rule=AT_LEAST_ONE, help="Samples per evaluation prompt.")
+    num_steps: int = setting(40, rule=AT_LEAST_ONE, help="ODE steps of an evaluation sample.")
+    seed: int = setting(12345, help="Seed of the held-out evaluation noise (independent of the training seed).")
 
 
 @dataclass
@@ -442,10 +557,12 @@ class LogConfig(Section):
     """Where the metrics and sample grids go besides the run directory's files (TorchRL's loggers, see
     :mod:`vgrpo_lib.algorithms.run_logging`)."""
 
-    # auto (TensorBoard when installed, else CSV) | tensorboard | csv | wandb (Weights & Biases; WANDB_MODE=offline
-    # keeps it on this machine)
-    backend: str = setting("auto", choices=LOG_BACKENDS)
-    project: str | None = None  # the wandb project (None: wandb's default)
+    backend: str = setting(
+        "auto", choices=LOG_BACKENDS,
+        help="auto (TensorBoard when installed, else CSV) | tensorboard | csv | wandb (Weights & Biases; "
+             "WANDB_MODE=offline keeps it on this machine).",
+    )
+    project: str | None = setting(None, help="The wandb project (needs log.backend=wandb). None: wandb's default.")
 
     def check(self, config: TrainConfig) -> None:
         if self.project is not None and self.backend != "wandb":
@@ -460,18 +577,26 @@ class TrainConfig:
     """One training run: the algorithm (``algo``, the name of one :class:`AlgorithmSection` field below), the
     task, the batch (``prompts_per_iteration`` prompts x ``group_size`` samples) and every section."""
 
-    algo: str = "vgrpo"  # the name of an algorithm section below
-    task: str = "digit"
-    seed: int = 0
-    iterations: int = setting(60, rule=AT_LEAST_ONE)
-    prompts_per_iteration: int = setting(8, rule=AT_LEAST_ONE)
-    group_size: int = setting(16, rule=Rule(lambda v: v >= 2, ">= 2 (a group-relative advantage needs two samples)"))
-    checkpoint_every: int = setting(10, rule=AT_LEAST_ONE)
-    # a reward function that raises is retried this many times, then the run fails
-    reward_retries: int = setting(2, rule=NON_NEGATIVE)
-    # float32 | bfloat16: model forwards of rollouts, old surrogates and losses under bf16 autocast (parameters,
-    # optimizer and the losses' arithmetic on the fp32 samples stay float32); evaluation always in float32
-    precision: str = setting("float32", choices=PRECISIONS)
+    algo: str = setting("vgrpo", help="The algorithm: the name of one algorithm section.")
+    task: str = setting("digit", help="The task: a registered name (a testbed task, mnist-sd3/<task>, a hub model) "
+                        "or the import path of your own task's factory, package.module:factory.")
+    seed: int = setting(0, help="Seed of the run (rollout noise, pairs, minibatches).")
+    iterations: int = setting(60, rule=AT_LEAST_ONE, help="Training iterations (rollout, rewards, update).")
+    prompts_per_iteration: int = setting(8, rule=AT_LEAST_ONE, help="Prompts (groups) per iteration.")
+    group_size: int = setting(
+        16, rule=Rule(lambda v: v >= 2, ">= 2 (a group-relative advantage needs two samples)"),
+        help="Samples per prompt: the group of a group-relative advantage.",
+    )
+    checkpoint_every: int = setting(10, rule=AT_LEAST_ONE, help="Iterations between checkpoints.")
+    reward_retries: int = setting(
+        2, rule=NON_NEGATIVE, help="A reward function that raises is retried this many times, then the run fails.",
+    )
+    precision: str = setting(
+        "float32", choices=PRECISIONS,
+        help="float32 | bfloat16: model forwards of rollouts, old surrogates and losses under bf16 autocast "
+             "(parameters, optimizer and the losses' arithmetic on the fp32 samples stay float32); evaluation always "
+             "in float32.",
+    )
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -588,9 +713,21 @@ def _check_used(algo: str, keys) -> None:
             )
         reason = _ignored(algo).get(key)
         if reason is not None:
-            candidates = section.algorithms if section is not None else ALGORITHMS
-            users = [name for name in candidates if key not in _ignored(name)]
+            users = key_users(key)
             raise ValueError(f"{key} is not used by {algo} ({reason}); it is used by {', '.join(users) or 'no algorithm'}.")
+
+
+def key_users(key: str) -> tuple[str, ...]:
+    """The algorithms that read ``key``: those of its section (every algorithm for a shared section) less those
+    that ignore it; for ``schedule.<name>``, those whose section's loss declares ``<name>`` schedulable (``lr``:
+    every algorithm)."""
+    section_name, _, name = key.partition(".")
+    sections = _algorithm_sections()
+    if section_name == "schedule" and name != "lr":
+        return tuple(algo for algo in ALGORITHMS
+                     if any(name in s.schedulable() for s in sections.values() if algo in s.algorithms))
+    candidates = sections[section_name].algorithms if section_name in sections else ALGORITHMS
+    return tuple(algo for algo in candidates if key not in _ignored(algo))
 
 
 # -- types and parsing -------------------------------------------------------------------------------------------
@@ -625,7 +762,8 @@ def _field_types(cls) -> dict[str, typing.Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
-# Keys renamed by issue 13 (one name per meaning): an old key is refused with its new name.
+# Keys renamed for one name per meaning (issue 13; DiffusionNFT's Amax, issue 28): an old key is refused with
+# its new name.
 RENAMED = {
     "vgrpo.kl_coef": "vgrpo.behaviour_kl_coef",
     "vgrpo.clip_low": "vgrpo.clip_range=LOW,HIGH",
@@ -634,16 +772,16 @@ RENAMED = {
     "flow_grpo.kl_coef": "flow_grpo.ref_kl_coef",
     "flow_grpo.adv_clip": "advantage.clip",
     "diffusion_nft.kl_coef": "diffusion_nft.ref_kl_coef",
-    "diffusion_nft.adv_max": "advantage.clip",
+    "diffusion_nft.adv_max": "diffusion_nft.advantage_max",
 }
 
 
 def _unknown(key: str, candidates: list[str], what: str = "key") -> ValueError:
     """An unknown key's error: its new name if it was renamed, else the closest valid name if one is close."""
     if key in RENAMED:
-        return ValueError(f"Unknown config key {key!r}: renamed to {RENAMED[key]} (see the README's Migrating table).")
+        return ValueError(f"Unknown config key {key!r}: renamed to {RENAMED[key]} (see the changelog's migration table).")
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}?" if close else f"see `algorithms/config.py` for the valid {what}s."
+    hint = f"did you mean {close[0]}?" if close else f"`vgrpo config` lists the valid {what}s."
     return ValueError(f"Unknown config {what} {key!r}; {hint}")
 
 

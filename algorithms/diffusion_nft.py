@@ -40,8 +40,7 @@ class DiffusionNFT(Algorithm):
             self.behaviour,
             self.estimator,
             strength=c.strength,
-            # Amax: the advantages arrive clipped to it (the trainer's GroupAdvantage) and are normalised by it
-            advantage_clip=config.advantage.clip,
+            advantage_max=c.advantage_max,
             adv_mode=c.adv_mode,
             ref_model=self.reference if c.ref_kl_coef is not None else None,
             ref_kl_coef=c.ref_kl_coef,

@@ -51,7 +51,7 @@ class FlowGRPO(Algorithm):
             clip_range=c.clip_range,
             noise_level=c.noise_level,
             log_prob_reduction=c.log_prob_reduction,
-            advantage_clip=None,  # the trainer's GroupAdvantage applies advantage.clip (Flow-GRPO's hard clip)
+            advantage_clip=config.advantage.clip,  # as the trainer's GroupAdvantage: one bound, so clamped once
             ref_model=reference,
             ref_kl_coef=c.ref_kl_coef,
             kl_form=c.kl_form,

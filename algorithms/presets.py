@@ -39,7 +39,7 @@ TESTBED = {
                   "iterations=100"],
     # DiffusionNFT: old-policy rollout, every rollout timestep once per step; Amax = 5 (the official adv_clip_max:
     # advantages clamped to [-5, 5], then normalised into the optimality r).
-    "diffusion_nft": ["optim.lr=1e-4", "advantage.clip=5.0", "iterations=100"],
+    "diffusion_nft": ["optim.lr=1e-4", "diffusion_nft.advantage_max=5.0", "iterations=100"],
     # The peers, at their official settings except the learning rate (see each algorithm file):
     # FPO: 8 independent pairs, clip 0.05, one gradient step per rollout as the other one-step algorithms.
     "fpo": ["optim.lr=1e-4", "iterations=100"],
@@ -74,7 +74,7 @@ OFFICIAL = {
     # KL of 1e-4 to the base, 9 of 10 rollout timesteps per sample, decay type 1 counted in gradient steps, EMA 0.9
     # every step, weight decay 1e-4, one gradient step per rollout, CFG-free second-order deterministic rollout.
     "diffusion_nft": [
-        "advantage.scale=batch", "advantage.eps=1e-4", "advantage.clip=5", "diffusion_nft.strength=1.0",
+        "advantage.scale=batch", "advantage.eps=1e-4", "diffusion_nft.advantage_max=5", "diffusion_nft.strength=1.0",
         "diffusion_nft.adv_mode=all", "diffusion_nft.ref_kl_coef=1e-4", "diffusion_nft.timestep_fraction=0.99",
         "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0",
         "optim.ema_decay=0.9", "optim.ema_every=1", "optim.weight_decay=1e-4", "optim.minibatch_size=none",
@@ -153,7 +153,7 @@ PIPELINES = {
         ],
         "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
         "flow_grpo": ["optim.lr=3e-4", "advantage.clip=5.0"],  # the official hard clip
-        "diffusion_nft": ["optim.lr=3e-4", "advantage.clip=5.0"],  # Amax
+        "diffusion_nft": ["optim.lr=3e-4", "diffusion_nft.advantage_max=5.0"],  # Amax
         # The peers at their testbed settings (see TESTBED) at the pipeline's learning rate.
         "fpo": ["optim.lr=3e-4"],
         "awm": ["optim.lr=3e-4"],

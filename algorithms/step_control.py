@@ -11,15 +11,25 @@ A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the con
   moves the coefficient so that the KL measured in each iteration tracks ``T``; ``H`` in iterations);
 - ``warmup=W`` with any of the first four: a linear warm-up over ``W`` iterations into it
   (:class:`vgrpo_lib.control.Warmup`).
+
+Every value a schedule reaches is checked, before the run writes anything, by the rule of the value it drives:
+the one its loss declares in ``_schedulable_rules`` (:mod:`vgrpo_lib.losses`), or ``>= 0`` for the learning rate.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from vgrpo_lib.control import AdaptiveKLController, Constant, Cosine, Linear, Piecewise, Warmup, set_learning_rate
+from vgrpo_lib.rules import NON_NEGATIVE, Rule
+
+__all__ = ["SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_schedule"]
+
+SCHEDULED_LR = NON_NEGATIVE
+"""The rule of a scheduled learning rate: it may decay to 0 (``optim.lr`` itself must be > 0)."""
 
 SCHEDULES = ("constant", "linear", "cosine", "piecewise", "adaptive")
 # What each schedule reads (besides the optional warm-up): parameter -> parser.
@@ -32,9 +42,10 @@ _PARAMETERS: dict[str, dict[str, Callable[[str], object]]] = {
 }
 
 
-def parse_schedule(spec: str, start: float, key: str, *, adaptive: bool = False):
+def parse_schedule(spec: str, start: float, key: str, rule: Rule, *, adaptive: bool = False):
     """The schedule ``spec`` of the value ``key`` starting at ``start``: a callable ``iteration -> value``, or an
-    :class:`AdaptiveKLController` for ``adaptive:...`` (only where ``adaptive`` is allowed). Errors name ``key``."""
+    :class:`AdaptiveKLController` for ``adaptive:...`` (only where ``adaptive`` is allowed). Every value it reaches
+    (its ``extremes()``; an adaptive coefficient keeps its start's sign) must obey ``rule``. Errors name ``key``."""
     name, _, rest = spec.partition(":")
     name = name.strip()
     if name not in SCHEDULES or (name == "adaptive" and not adaptive):
@@ -57,7 +68,7 @@ def parse_schedule(spec: str, start: float, key: str, *, adaptive: bool = False)
     warmup = params.pop("warmup", None)
     try:
         if name == "adaptive":
-            return AdaptiveKLController(start, params["target"], params["horizon"])
+            return AdaptiveKLController(start, params["target"], params["horizon"])  # checks its start
         schedule = {
             "constant": lambda: Constant(start),
             "linear": lambda: Linear(start, params["end"], params["steps"]),
@@ -70,6 +81,9 @@ def parse_schedule(spec: str, start: float, key: str, *, adaptive: bool = False)
             schedule = Warmup(schedule, warmup)
     except ValueError as error:
         raise ValueError(f"{key}: {error}") from None
+    for value in schedule.extremes():
+        if not (math.isfinite(value) and rule.ok(value)):
+            raise ValueError(f"{key}={spec} reaches {value!r}; every value of the schedule must be {rule.text}.")
     return schedule
 
 
@@ -77,19 +91,21 @@ class StepControl:
     """Applies the configured schedules before each iteration and updates the adaptive KL controllers after it.
 
     ``targets``: value name -> ``(start value, spec)``; ``lr`` sets the optimizer's learning rate, any other name
-    a buffer of ``loss_module`` of that name (``clip_range``, ``ref_kl_coef``, ``behaviour_kl_coef``).
+    a scalar buffer that ``loss_module`` declares in its ``_schedulable_rules`` (``clip_range``, ``ref_kl_coef``,
+    ``behaviour_kl_coef``), checked over the whole schedule by the rule declared there.
     """
 
     def __init__(self, targets: dict[str, tuple[float, str]], loss_module, optimizer: torch.optim.Optimizer):
         self.loss_module, self.optimizer = loss_module, optimizer
+        rules = {"lr": SCHEDULED_LR, **getattr(type(loss_module), "_schedulable_rules", {})}
+        for name in targets:
+            if name not in rules or (name != "lr" and getattr(loss_module, name) is None):
+                raise ValueError(f"schedule.{name}: the loss has no {name} to schedule (it declares "
+                                 f"{', '.join(rules)}; is its term configured?).")
         self.schedules = {
-            name: parse_schedule(spec, start, f"schedule.{name}", adaptive=name.endswith("kl_coef"))
+            name: parse_schedule(spec, start, f"schedule.{name}", rules[name], adaptive=name.endswith("kl_coef"))
             for name, (start, spec) in targets.items()
         }
-        buffers = dict(loss_module.named_buffers()) if loss_module is not None else {}
-        for name in self.schedules:
-            if name != "lr" and buffers.get(name) is None:
-                raise ValueError(f"schedule.{name}: the loss has no {name} to schedule (is its term configured?).")
 
     def values(self, iteration: int) -> dict[str, float]:
         """The value of each controlled quantity at ``iteration``."""

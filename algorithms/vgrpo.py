@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.batches import vgrpo_batch
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 
@@ -53,14 +54,11 @@ class VGRPO(Algorithm):
         # Drawn for the global batch on every process (only shapes and group ids are needed), block kept.
         shard = self.shard
         sample, group = shard.global_like(batch["sample"]), shard.all_gather(batch["group"])
-        pairs = batch["pairs"] = shard.local(self.estimator.sample_pairs(sample, group, generator))
-        if not self.single_step:
-            with torch.no_grad():
-                old = self.estimator.evaluate(self.policy, batch["sample"], batch["cond"], pairs)
-            batch["old_log_prob"] = old["log_prob"].mean(dim=1)
-            if self.config.vgrpo.behaviour_kl_coef is not None:
-                batch["old_x_pred"] = old["x_pred"]
-        return batch
+        pairs = shard.local(self.estimator.sample_pairs(sample, group, generator))
+        behaviour = None if self.single_step else self.policy
+        keep_x_pred = behaviour is not None and self.config.vgrpo.behaviour_kl_coef is not None
+        return batch.update(vgrpo_batch(self.estimator, batch["sample"], batch["cond"], batch["advantage"], pairs=pairs,
+                                        behaviour=behaviour, keep_x_pred=keep_x_pred))
 
     def nfe(self) -> dict[str, int]:
         k, epochs = self.estimator.num_pairs, self.config.optim.epochs

@@ -15,7 +15,7 @@ the estimated log-ratio relative to its own size (``log_ratio_relative_variance`
 over samples, divided by the square of the mean over samples of its absolute mean over draws; as in the
 estimator lab, since the weightings' surrogates differ in scale from each other and from the exact log-ratio).
 
-    python -m vgrpo_lib.benchmarks.ground_truth --seeds 0 1 2 --dims 2 16 --out results/ground_truth/ground_truth.json
+    python -m vgrpo_lib.benchmarks.ground_truth --seeds 0 1 2 --dims 2 16 --out results/ground-truth/ground_truth.json
 """
 
 from __future__ import annotations
@@ -27,47 +27,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vgrpo_lib.benchmarks.estimator_stats import spearman
 from vgrpo_lib import ELBOSurrogate
+from vgrpo_lib.benchmarks.estimator_designs import ESTIMATORS, without_pilot
+from vgrpo_lib.diagnostics import spearman
 from vgrpo_lib.samplers import sample_ode, time_grid
+from vgrpo_lib.testing import ToyVelocity, pretrain_flow_matching, ring_data
 
-
-class ToyVelocity(nn.Module):
-    """``v(z, t)`` for ``dim``-D points: an MLP on ``(z, sin/cos features of t)``; ``cond`` is ignored."""
-
-    def __init__(self, width: int = 128, dim: int = 2):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim + 4, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
-                                 nn.Linear(width, dim))
-
-    def forward(self, z, t, cond=None):
-        angles = math.pi * t[:, None] * torch.tensor([1.0, 2.0], dtype=z.dtype)
-        return self.net(torch.cat([z, angles.sin(), angles.cos()], dim=1))
-
-
-def ring_data(n: int, generator: torch.Generator, right_weight: float = 1.0, dim: int = 2) -> torch.Tensor:
-    """``n`` points ``[n, dim]`` from 8 Gaussians (std 0.25) on a circle of radius 2 in the first two coordinates,
-    N(0, 0.25^2) in the others; ``right_weight`` up-weights the centres with x > 0."""
-    angles = torch.arange(8) * (2 * math.pi / 8)
-    centres = torch.stack([2 * angles.cos(), 2 * angles.sin()], 1)
-    weights = torch.where(centres[:, 0] > 0.1, right_weight, 1.0)
-    index = torch.multinomial(weights / weights.sum(), n, replacement=True, generator=generator)
-    centres = torch.cat([centres[index], torch.zeros(n, dim - 2)], 1)
-    return centres + 0.25 * torch.randn(n, dim, generator=generator)
+__all__ = ["ToyVelocity", "exact_log_likelihood", "fit", "ground_truth_check", "ground_truth_study", "main",
+           "ring_data"]
 
 
 def fit(model: nn.Module, steps: int, generator: torch.Generator, right_weight: float = 1.0, lr: float = 2e-3,
         dim: int = 2):
-    """Flow-matching pretraining: the loss is minus the v-weighted, single-pair ELBO surrogate."""
-    estimator = ELBOSurrogate(num_pairs=1, timesteps="uniform", sharing="none", weighting="v")
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        x = ring_data(256, generator, right_weight, dim)
-        loss = -estimator(model, x, None, estimator.sample_pairs(x, generator=generator)).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model
+    """Flow-matching pretraining on batches of 256 :func:`~vgrpo_lib.testing.ring_data` points (``right_weight``:
+    see there)."""
+    return pretrain_flow_matching(model, lambda g: ring_data(256, g, right_weight, dim), steps, generator, lr=lr)
 
 
 def exact_log_likelihood(model: nn.Module, x: torch.Tensor, steps: int = 100) -> torch.Tensor:
@@ -170,16 +144,15 @@ def main() -> None:
     import json
 
     from vgrpo_lib.algorithms.run_dir import atomic_write_text
-    from vgrpo_lib.benchmarks.estimator_lab import ESTIMATORS, PILOT
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--dims", type=int, nargs="+", default=[2])
-    parser.add_argument("--estimators", nargs="+", default=None, help="names from vgrpo_lib.benchmarks.estimator_lab.ESTIMATORS")
+    parser.add_argument("--estimators", nargs="+", default=None, help="names from vgrpo_lib.benchmarks.estimator_designs.ESTIMATORS")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    names = args.estimators or [n for n, c in ESTIMATORS.items() if c["timesteps"] != PILOT]
-    report = ground_truth_study({n: ESTIMATORS[n] for n in names}, seeds=tuple(args.seeds), dims=tuple(args.dims))
+    designs = {n: ESTIMATORS[n] for n in args.estimators} if args.estimators else without_pilot(ESTIMATORS)
+    report = ground_truth_study(designs, seeds=tuple(args.seeds), dims=tuple(args.dims))
     atomic_write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
 
 

@@ -612,12 +612,12 @@ def test_fuzz_diffusion_nft_loss(data):
     batch, k, data_shape, cond_dim = dims
     kind = draw(st.sampled_from(LOSS_MALFORMATIONS))
     ref_kl_coef = draw(st.sampled_from([None, 1e-4]))
-    kwargs = dict(strength=draw(st.sampled_from([1.0, 0.1, 0.5])), advantage_clip=draw(st.sampled_from([5.0, 1.0])),
+    kwargs = dict(strength=draw(st.sampled_from([1.0, 0.1, 0.5])), advantage_max=draw(st.sampled_from([5.0, 1.0])),
                   ref_model=None if ref_kl_coef is None else copy.deepcopy(model), ref_kl_coef=ref_kl_coef, unconditional=cond_dim == 0)
     sig = ["DiffusionNFTLoss", kind, batch, k, len(data_shape), cond_dim, ref_kl_coef is not None]
     old_model = copy.deepcopy(model)
     if kind == "bad_constructor":
-        name = draw(st.sampled_from(["strength", "advantage_clip", "ref_kl_coef"]))
+        name = draw(st.sampled_from(["strength", "advantage_max", "ref_kl_coef"]))
         value = draw(st.sampled_from(BAD_NUMBERS + ["1"]))
         kwargs[name] = value
         if name == "ref_kl_coef":

@@ -12,6 +12,10 @@ Pure torch + tensordict + torchrl (no diffusers import). The pieces, each usable
   SDE step densities, DiffusionNFT pieces.
 - :mod:`~vgrpo_lib.losses`: TorchRL :class:`VGRPOLoss`, :class:`FlowGRPOLoss`, :class:`DiffusionNFTLoss`, and the
   peers' :class:`GRPOGuardLoss`, :class:`AWMLoss`.
+- :mod:`~vgrpo_lib.batches`: each loss's batch from its sampler's output in one call (:func:`flow_grpo_batch`,
+  :func:`vgrpo_batch`, DiffusionNFT's :class:`OldPolicy`).
+- :mod:`~vgrpo_lib.diagnostics`, :mod:`~vgrpo_lib.testing`: estimator measurements and test helpers for your own
+  models and estimators.
 - :mod:`~vgrpo_lib.control`: schedules, adaptive KL, old-policy decay, MixGRPO window.
 - :mod:`~vgrpo_lib.samplers`: Euler, Heun, DPM-Solver++(2M) and the recording SDE sampler (Flow-SDE or CPS).
 
@@ -22,6 +26,7 @@ Their public names are exported here too (``from vgrpo_lib import Linear, Unifor
 __version__ = "0.1.0"  # the one source of the version: pyproject.toml reads it (setuptools dynamic attr)
 
 from vgrpo_lib.advantages import GroupAdvantage, group_advantage, group_statistics
+from vgrpo_lib.batches import OldPolicy, flow_grpo_batch, vgrpo_batch
 from vgrpo_lib.control import (
     AdaptiveKLController,
     Constant,
@@ -74,6 +79,10 @@ __all__ = [
     "GRPOGuardLoss",
     "AWMLoss",
     "total_loss",
+    # a loss's batch from its sampler's output
+    "flow_grpo_batch",
+    "vgrpo_batch",
+    "OldPolicy",
     "RectifiedFlow",
     "CosineVP",
     "time_grid",

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from numbers import Real
 
 import torch
+
+
+def renamed_keywords(**renamed: str) -> Callable[[Callable], Callable]:
+    """A decorator: a call that passes an old keyword (``old=new`` in ``renamed``) raises a TypeError naming both,
+    instead of Python's bare "unexpected keyword argument" (the changelog's migration table lists them)."""
+
+    def decorate(function: Callable) -> Callable:
+        caller = function.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            for old in sorted(renamed.keys() & kwargs.keys()):
+                raise TypeError(f"{caller}() got the old keyword {old}=; it is now {renamed[old]}= (see the "
+                                f"changelog's migration table).")
+            return function(*args, **kwargs)
+
+        return call
+
+    return decorate
 
 
 def choose(name: str, value: str, options: Iterable[str]) -> str:

@@ -71,10 +71,12 @@ def flow_grpo_batch(
         (``.reshape(-1)``: one row per transition, for minibatches).
     """
     if not isinstance(trajectory, TensorDictBase) or trajectory.batch_dims != 2:
-        raise ValueError(f"trajectory must be sample_sde's (B, S) TensorDict of records, got {type(trajectory).__name__}"
-                         f"{'' if not isinstance(trajectory, TensorDictBase) else f' with batch size {tuple(trajectory.shape)}'}.")
+        shape = f" with batch size {tuple(trajectory.shape)}" if isinstance(trajectory, TensorDictBase) else ""
+        raise ValueError(f"trajectory must be sample_sde's (B, S) TensorDict of records, got "
+                         f"{type(trajectory).__name__}{shape}.")
     if "log_prob" not in trajectory.keys():
-        raise KeyError(f"trajectory has no entry 'log_prob' (sample_sde's records); present: {sorted(trajectory.keys())}.")
+        raise KeyError(f"trajectory has no entry 'log_prob' (sample_sde's records); present: "
+                       f"{sorted(trajectory.keys())}.")
     check_tensor("advantage", advantage)
     batch = trajectory.shape[0]
     if tuple(advantage.shape) != (batch,):

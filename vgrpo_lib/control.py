@@ -2,7 +2,9 @@
 old-policy soft update of DiffusionNFT and the MixGRPO SDE window.
 
 A schedule is any callable ``schedule(step: int) -> float``; assign its value to a loss buffer
-(``loss.clip_range = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`).
+(``loss.clip_range = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`). The schedules
+here also give their ``extremes()``: every value they take lies between those, so a range check of the extremes
+covers every step (what a run checks before it starts).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+__all__ = [
+    "AdaptiveKLController", "Constant", "Cosine", "EMAWarmupDecay", "Linear", "OldPolicyDecay", "Piecewise",
+    "SDEWindow", "Schedule", "Warmup", "ema_update_", "exceeds_kl", "set_learning_rate",
+]
 
 Schedule = Callable[[int], float]
 
@@ -30,6 +37,10 @@ class Constant:
     def __call__(self, step: int) -> float:
         return self.value
 
+    def extremes(self) -> tuple[float, ...]:
+        """The values between which every step's value lies."""
+        return (self.value,)
+
 
 @dataclass(frozen=True)
 class _Interpolation:
@@ -44,6 +55,10 @@ class _Interpolation:
 
     def fraction(self, step: int) -> float:
         return min(max(step, 0), self.steps) / self.steps
+
+    def extremes(self) -> tuple[float, ...]:
+        """The values between which every step's value lies (the shape is monotone from start to end)."""
+        return (self.start, self.end)
 
 
 class Linear(_Interpolation):
@@ -79,6 +94,10 @@ class Piecewise:
     def __call__(self, step: int) -> float:
         return self.values[sum(step >= b for b in self.boundaries)]
 
+    def extremes(self) -> tuple[float, ...]:
+        """The values between which every step's value lies."""
+        return tuple(self.values)
+
 
 @dataclass(frozen=True)
 class Warmup:
@@ -92,6 +111,10 @@ class Warmup:
         if step < self.steps:
             return self.schedule(0) * (step + 1) / (self.steps + 1)
         return self.schedule(step - self.steps)
+
+    def extremes(self) -> tuple[float, ...]:
+        """The values between which every step's value lies: the warm-up's first value and the schedule's."""
+        return (self(0), *self.schedule.extremes())
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, value: float) -> None:

@@ -181,7 +181,8 @@ def effective_sample_size(log_weights: torch.Tensor, normalized: bool = True) ->
     ``s_theta - s_old`` of a batch: near 1 (normalized) the ratios are nearly equal and the update stays close to
     on-policy; a small value means a few samples dominate the ratio-weighted objective. Returns ``(...)``."""
     if not isinstance(log_weights, torch.Tensor) or log_weights.ndim == 0 or log_weights.shape[-1] == 0:
-        raise ValueError(f"log_weights must be a (..., N) tensor with N >= 1, got {getattr(log_weights, 'shape', None)}.")
+        shape = getattr(log_weights, "shape", None)
+        raise ValueError(f"log_weights must be a (..., N) tensor with N >= 1, got {shape}.")
     ess = (2 * torch.logsumexp(log_weights, -1) - torch.logsumexp(2 * log_weights, -1)).exp()
     return ess / log_weights.shape[-1] if normalized else ess
 
@@ -221,7 +222,8 @@ def measure_estimator(estimator: ELBOSurrogate, model: nn.Module, sample: torch.
                       seed: int = 0) -> dict[str, float]:
     """Every statistic of this module for ``estimator`` on one batch: ``sample`` ``(N, *D)``, ``cond`` (batch
     size N, or None), ``group`` ``(N,)``, ``advantage`` ``(N,)``, with ``draws`` (>= 2) draws of pairs for the
-    surrogates and ``gradient_draws`` (>= 2; >= 3 for the cosine's SE) for the gradients, all from one generator seeded by ``seed``.
+    surrogates and ``gradient_draws`` (>= 2; >= 3 for the cosine's SE) for the gradients, all from one generator
+    seeded by ``seed``.
 
     Returns a dict with ``num_pairs``; ``cv``, ``within_group_cv``, ``mc_noise_share``, ``rank_agreement``
     (within-group, between draws) of the surrogates ``s_theta``; of the log-ratio ``s_nearby - s_theta`` on
@@ -229,7 +231,8 @@ def measure_estimator(estimator: ELBOSurrogate, model: nn.Module, sample: torch.
     size: mean over samples of the absolute mean over draws), ``log_ratio_relative_variance`` (their ratio
     ``variance / mean_abs^2``: noise to signal, comparable across weightings whose surrogates differ in scale),
     ``log_ratio_rank_agreement`` (:func:`within_group_rank_agreement` of the log-ratios: does the ranking of the
-    samples by their ratio to the nearby policy depend on the pairs) and ``log_ratio_ess`` (normalized :func:`effective_sample_size` of ``exp(log_ratio)``, mean over draws);
+    samples by their ratio to the nearby policy depend on the pairs) and ``log_ratio_ess`` (normalized
+    :func:`effective_sample_size` of ``exp(log_ratio)``, mean over draws);
     :func:`gradient_agreement`'s ``gradient_cosine``, ``gradient_cosine_se``, ``gradient_relative_variance``; the
     cost ``nfe_per_sample`` (= K) and ``seconds_per_evaluation`` (median wall time of one surrogate evaluation).
     """
@@ -244,7 +247,8 @@ def measure_estimator(estimator: ELBOSurrogate, model: nn.Module, sample: torch.
             values.append(value)
             log_ratios.append(estimator(nearby, sample, cond, pairs) - value)
     values, log_ratios = torch.stack(values).double(), torch.stack(log_ratios).double()
-    gradients = [policy_gradient(estimator, model, sample, cond, group, advantage, generator) for _ in range(gradient_draws)]
+    gradients = [policy_gradient(estimator, model, sample, cond, group, advantage, generator)
+                 for _ in range(gradient_draws)]
     return {
         "num_pairs": estimator.num_pairs,
         "cv": coefficient_of_variation(values),

@@ -3,12 +3,15 @@
 Conventions (TorchRL's): each loss reads a TensorDict whose entry names are remappable with ``set_keys``,
 returns a TensorDict whose ``loss_*`` entries a trainer sums, and detached diagnostics beside them.
 Coefficients and the clip range are buffers (``loss.ref_kl_coef = 0.1``, ``loss.clip_range = 0.02`` or
-``(0.01, 0.02)`` update in place, so schedules can drive them).
+``(0.01, 0.02)`` update in place, so schedules can drive them). Each loss declares them once, in
+``_schedulable_rules``: the buffer's name and its :class:`~vgrpo_lib.rules.Rule`, the same rule that checks the
+constructor argument, every assignment, the config key and every value of a schedule of it.
 
 One name per meaning across the three losses: ``behaviour_kl_coef`` weighs a KL to the behaviour (old) policy
 (outputs ``loss_behaviour_kl``, ``behaviour_kl``), ``ref_kl_coef`` a KL to a frozen reference (base) policy
 (``loss_ref_kl``, ``ref_kl``); ``clip_range`` is ``eps`` or ``(low, high)``; ``advantage_clip`` bounds the
-advantages. A KL term exists only if its coefficient was given (``None`` = off); it is then always computed, so
+advantages (Flow-GRPO's hard clip), ``advantage_max`` is DiffusionNFT's Amax (its normalisation). A KL term
+exists only if its coefficient was given (``None`` = off); it is then always computed, so
 that a schedule may start it at 0 and no Python branch on a tensor value forces a device sync.
 
 Devices: a batch must sit on the model's device (a clear error names the entry otherwise), unless the model
@@ -18,14 +21,15 @@ diffusers ``LoRAPolicy`` does, so a trainer's CPU batches drive a GPU transforme
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from vgrpo_lib._checks import check_key, check_non_negative, check_positive, check_real, choose
+from vgrpo_lib._checks import check_key, check_positive, choose, renamed_keywords
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
     NFT_ADVANTAGE_MODES,
@@ -39,37 +43,48 @@ from vgrpo_lib.objectives import (
     ratio_diagnostics,
     x_space_kl,
 )
+from vgrpo_lib.rules import CLIP_RANGE, NON_NEGATIVE, POSITIVE, Rule
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, check_noise_level, gaussian_log_prob, step_mean_std
 from vgrpo_lib.weighting import mean_over_data
+
+__all__ = ["AWMLoss", "DiffusionNFTLoss", "FLOW_GRPO_KL_FORMS", "FlowGRPOLoss", "GRPOGuardLoss", "VGRPOLoss", "total_loss"]
 
 FLOW_GRPO_KL_FORMS = ("exact", "flow_grpo")
 
 
-def check_clip_range(clip_range: float | tuple[float, float]) -> tuple[float, float]:
-    """``(low, high)`` of ``eps`` or ``(low, high)``; a ValueError naming ``clip_range`` unless
-    ``0 <= low < 1`` and ``0 <= high`` (finite)."""
-    if isinstance(clip_range, (tuple, list)) and len(clip_range) != 2:
-        raise ValueError(f"clip_range must be eps or a (low, high) pair, got {clip_range!r}.")
-    low, high = clip_range if isinstance(clip_range, (tuple, list)) else (clip_range, clip_range)
-    low, high = check_real("clip_range", low), check_real("clip_range", high)
-    if not (0.0 <= low < 1.0 and 0.0 <= high < math.inf):
-        raise ValueError(f"clip_range must be >= 0 and finite (and the low side < 1), got {clip_range!r}.")
-    return low, high
-
-
 class _PolicyLoss(LossModule):
-    """Shared plumbing: key access with clear errors, buffers for coefficients and the clip range, no value
-    estimator."""
+    """Shared plumbing: key access with clear errors, the schedulable scalar buffers, no value estimator.
+
+    ``_schedulable_rules`` is the one declaration of the scalars a schedule may assign: each buffer's name and its
+    :class:`~vgrpo_lib.rules.Rule`. The constructor registers them with :meth:`_register_scalar` (checked by the
+    rule; ``None`` = the term is off), ``loss.<name> = value`` is checked by the same rule and copied into the
+    buffer in place (a refused value leaves it unchanged), and TorchRL's ``_schedulable_buffers`` is derived from
+    it. A scheduled value is checked over its whole schedule before a run starts
+    (:func:`vgrpo_lib.algorithms.step_control.parse_schedule`), with the rule declared here.
+    """
+
+    _schedulable_rules: ClassVar[Mapping[str, Rule]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._schedulable_buffers = frozenset(cls._schedulable_rules)
 
     def __setattr__(self, name: str, value) -> None:
-        # ``loss.clip_range = eps`` or ``(low, high)``: checked, then copied into the [2] buffer in place.
-        if name == "clip_range" and self.__dict__.get("_buffers", {}).get("clip_range") is not None:
-            self._buffers["clip_range"].copy_(torch.tensor(check_clip_range(value)))
+        buffer = self.__dict__.get("_buffers", {}).get(name)
+        if name in self._schedulable_rules and buffer is not None and not isinstance(value, torch.Tensor):
+            buffer.copy_(torch.tensor(self._schedulable_rules[name].check(name, value), dtype=buffer.dtype))
             return
         super().__setattr__(name, value)
 
-    def _register_clip_range(self, clip_range: float | tuple[float, float]) -> None:
-        self.register_buffer("clip_range", torch.tensor(check_clip_range(clip_range)))
+    def _register_scalar(self, name: str, value: float | tuple[float, float] | None) -> None:
+        """Register the schedulable buffer ``name`` (declared in ``_schedulable_rules``) holding ``value``, checked
+        by its rule: ``[]`` for a coefficient, ``[2]`` (low, high) for ``clip_range``; ``None``: the term is off."""
+        if value is not None:
+            self._schedulable_rules[name].check(name, value)
+            value = [float(v) for v in value] if isinstance(value, (tuple, list)) else float(value)
+            if name == "clip_range" and isinstance(value, float):
+                value = [value, value]
+        self.register_buffer(name, None if value is None else torch.tensor(value))
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """These losses have no value estimator: nothing to forward."""
@@ -90,11 +105,6 @@ class _PolicyLoss(LossModule):
 
     def _cond(self, batch: TensorDictBase):
         return None if self.unconditional else self._get(batch, "cond", "the prompt conditioning")
-
-    def _register_coefficient(self, name: str, value: float | None) -> None:
-        if value is not None:
-            check_non_negative(name, value)  # NaN would make every loss NaN; a negative KL weight rewards drift
-        self.register_buffer(name, None if value is None else torch.tensor(float(value)))
 
     def _clipped_objective(self, log_prob, old_log_prob, advantage, shape_rule: str) -> dict[str, torch.Tensor]:
         """The clipped ratio loss of ``log_prob - old_log_prob`` and its detached diagnostics."""
@@ -154,8 +164,10 @@ class VGRPOLoss(_PolicyLoss):
         old_log_prob: str = "old_log_prob"
         old_x_pred: str = "old_x_pred"
 
-    _schedulable_buffers = frozenset({"behaviour_kl_coef", "ref_kl_coef"})
+    _schedulable_rules = {"clip_range": CLIP_RANGE, "behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE}
 
+    @renamed_keywords(kl_coef="behaviour_kl_coef", clip_epsilon="clip_range", clip_low="clip_range",
+                      clip_high="clip_range")
     def __init__(
         self,
         model: torch.nn.Module,
@@ -173,9 +185,9 @@ class VGRPOLoss(_PolicyLoss):
             raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.model, self.estimator, self.ref_model = model, estimator, ref_model
         self.on_policy, self.unconditional = on_policy, unconditional
-        self._register_clip_range(clip_range)
-        self._register_coefficient("behaviour_kl_coef", behaviour_kl_coef)
-        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+        self._register_scalar("clip_range", clip_range)
+        self._register_scalar("behaviour_kl_coef", behaviour_kl_coef)
+        self._register_scalar("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -269,8 +281,9 @@ class FlowGRPOLoss(_PolicyLoss):
         advantage: str = "advantage"
         old_log_prob: str = "old_log_prob"
 
-    _schedulable_buffers = frozenset({"ref_kl_coef"})
+    _schedulable_rules = {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}
 
+    @renamed_keywords(kl_coef="ref_kl_coef", clip_epsilon="clip_range", adv_clip="advantage_clip")
     def __init__(
         self,
         model: torch.nn.Module,
@@ -296,8 +309,8 @@ class FlowGRPOLoss(_PolicyLoss):
         self.model, self.ref_model, self.unconditional = model, ref_model, unconditional
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
         self.noise_level, self.advantage_clip = noise_level, advantage_clip
-        self._register_clip_range(clip_range)
-        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+        self._register_scalar("clip_range", clip_range)
+        self._register_scalar("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -417,7 +430,7 @@ class AWMLoss(_PolicyLoss):
         advantage: str = "advantage"
         pairs: str = "pairs"
 
-    _schedulable_buffers = frozenset({"behaviour_kl_coef", "ref_kl_coef"})
+    _schedulable_rules = {"behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE}
 
     def __init__(
         self,
@@ -438,8 +451,8 @@ class AWMLoss(_PolicyLoss):
         self.model, self.estimator, self.unconditional = model, estimator, unconditional
         self.behaviour_model, self.ref_model = behaviour_model, ref_model
         self.advantage_scale = check_positive("advantage_scale", advantage_scale)
-        self._register_coefficient("behaviour_kl_coef", behaviour_kl_coef)
-        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+        self._register_scalar("behaviour_kl_coef", behaviour_kl_coef)
+        self._register_scalar("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -489,8 +502,8 @@ class DiffusionNFTLoss(_PolicyLoss):
             ``(x_t, t, cond) -> v``: a module, or a view of a second LoRA adapter of the same model).
         estimator: noising and weighting; its pairs (fresh each step, ``sharing="none"``) are in the batch.
         strength: ``b``, the implicit-policy mixing strength (1.0 GenEval, 0.1 OCR / multi-reward).
-        advantage_clip: ``Amax`` (official: 5): the advantages are clamped to ``[-Amax, Amax]`` before they are
-            normalised into ``r``.
+        advantage_max: ``Amax`` (official: 5): the advantages are clamped to ``[-Amax, Amax]`` before they are
+            normalised into ``r``, and the loss is scaled by ``Amax / b`` (config ``diffusion_nft.advantage_max``).
         adv_mode: the official ``adv_mode`` (``"all"``, ``"positive_only"``, ``"negative_only"``, ``"one_only"``,
             ``"binary"``), see :func:`~vgrpo_lib.objectives.nft_optimality`.
         ref_model, ref_kl_coef: velocity-MSE KL to a frozen base policy (official: 1e-4).
@@ -505,8 +518,9 @@ class DiffusionNFTLoss(_PolicyLoss):
         advantage: str = "advantage"
         pairs: str = "pairs"
 
-    _schedulable_buffers = frozenset({"ref_kl_coef"})
+    _schedulable_rules = {"ref_kl_coef": NON_NEGATIVE}
 
+    @renamed_keywords(kl_coef="ref_kl_coef", adv_max="advantage_max", advantage_clip="advantage_max")
     def __init__(
         self,
         model: torch.nn.Module,
@@ -514,7 +528,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         estimator: ELBOSurrogate,
         *,
         strength: float = 1.0,
-        advantage_clip: float = 5.0,
+        advantage_max: float = 5.0,
         adv_mode: str = "all",
         ref_model: torch.nn.Module | None = None,
         ref_kl_coef: float | None = None,
@@ -524,12 +538,11 @@ class DiffusionNFTLoss(_PolicyLoss):
         if (ref_model is None) != (ref_kl_coef is None):
             raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.adv_mode = choose("adv_mode", adv_mode, NFT_ADVANTAGE_MODES)
-        for name, value in (("strength", strength), ("advantage_clip", advantage_clip)):
-            if not (check_real(name, value) > 0 and math.isfinite(value)):
-                raise ValueError(f"strength and advantage_clip must be > 0 and finite, got {name}={value}.")
+        self.strength = POSITIVE.check("strength", strength)
+        self.advantage_max = POSITIVE.check("advantage_max", advantage_max)
         self.model, self.old_model, self.ref_model, self.estimator = model, old_model, ref_model, estimator
-        self.strength, self.advantage_clip, self.unconditional = strength, advantage_clip, unconditional
-        self._register_coefficient("ref_kl_coef", ref_kl_coef)
+        self.unconditional = unconditional
+        self._register_scalar("ref_kl_coef", ref_kl_coef)
 
     @property
     def in_keys(self):
@@ -552,12 +565,12 @@ class DiffusionNFTLoss(_PolicyLoss):
         v_positive, v_negative = nft_implicit_velocities(v_theta, v_old, self.strength)
         positive_loss, _ = self.estimator.pair_loss(v_positive, inputs)
         negative_loss, _ = self.estimator.pair_loss(v_negative, inputs)
-        optimality = nft_optimality(advantage, self.advantage_clip, self.adv_mode)
+        optimality = nft_optimality(advantage, self.advantage_max, self.adv_mode)
         if optimality.shape != (sample.shape[0],):
             raise ValueError(f"advantage must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)}.")
         per_pair = optimality[:, None] * positive_loss + (1.0 - optimality[:, None]) * negative_loss
         out = {
-            "loss_objective": (self.advantage_clip / self.strength) * per_pair.mean(),
+            "loss_objective": (self.advantage_max / self.strength) * per_pair.mean(),
             "positive_loss": positive_loss.detach().mean(),
             "negative_loss": negative_loss.detach().mean(),
             "optimality": optimality.mean(),

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from vgrpo_lib._checks import check_positive, choose
+from vgrpo_lib._checks import check_positive, choose, renamed_keywords
 from vgrpo_lib.weighting import mean_over_data
+
+__all__ = [
+    "KL_ESTIMATORS", "NFT_ADVANTAGE_MODES", "clip_fraction", "clip_fraction_active", "clip_sides",
+    "clipped_ratio_objective", "gaussian_kl_same_std", "guard_log_ratio", "kl_estimate", "nft_implicit_velocities",
+    "nft_optimality", "ratio_diagnostics", "soft_clip", "x_space_kl",
+]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -29,6 +35,7 @@ def clip_sides(clip_range, device: torch.device | None = None) -> tuple:
     return clip_range, clip_range
 
 
+@renamed_keywords(clip_low="clip_range", clip_high="clip_range")
 def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
     """PPO's clipped surrogate loss, per element (to be averaged by the caller).
 
@@ -49,6 +56,7 @@ def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, cl
     return -torch.minimum(ratio * advantage, clipped * advantage)
 
 
+@renamed_keywords(clip_low="clip_range", clip_high="clip_range")
 def clip_fraction(log_ratio: torch.Tensor, clip_range) -> torch.Tensor:
     """Share of elements whose ratio lies outside the clip range, on either side and whatever the advantage's
     sign: what the official Flow-GRPO logs as ``clipfrac`` (``|ratio - 1| > clip_range``). ``clip_range`` as in
@@ -58,6 +66,7 @@ def clip_fraction(log_ratio: torch.Tensor, clip_range) -> torch.Tensor:
     return ((ratio > 1.0 + high) | (ratio < 1.0 - low)).float().mean()
 
 
+@renamed_keywords(clip_low="clip_range", clip_high="clip_range")
 def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
     """Share of elements whose gradient the clip removes: ratio above ``1 + high`` with a positive advantage, or
     below ``1 - low`` with a negative one (a ratio outside the range on the other side keeps its gradient, since
@@ -165,9 +174,10 @@ def ratio_diagnostics(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
 NFT_ADVANTAGE_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 
 
-def nft_optimality(advantage: torch.Tensor, advantage_clip: float, mode: str = "all") -> torch.Tensor:
-    """DiffusionNFT's optimality probability ``r = clip(m(clip(A, -Amax, Amax)) / (2 Amax) + 1/2, 0, 1)`` ``[B]``,
-    with ``Amax = advantage_clip`` (official: 5).
+@renamed_keywords(adv_max="advantage_max", advantage_clip="advantage_max")
+def nft_optimality(advantage: torch.Tensor, advantage_max: float, mode: str = "all") -> torch.Tensor:
+    """DiffusionNFT's optimality probability ``r = clip(m(clip(A, -Amax, Amax)) / (2 Amax) + 1/2, 0, 1)`` ``[B]``
+    of the advantages ``[B]``, with ``Amax = advantage_max`` (official: 5).
 
     ``mode`` is the official ``adv_mode`` ``m`` applied to the clipped advantage: ``"all"`` (identity),
     ``"positive_only"`` (``max(A, 0)``), ``"negative_only"`` (``min(A, 0)``), ``"one_only"`` (``1[A > 0]``),
@@ -175,7 +185,7 @@ def nft_optimality(advantage: torch.Tensor, advantage_clip: float, mode: str = "
     official code, so ``r`` is 0.5 +- 0.1 for ``Amax = 5``.
     """
     choose("adv_mode", mode, NFT_ADVANTAGE_MODES)
-    advantage = advantage.clamp(-advantage_clip, advantage_clip)
+    advantage = advantage.clamp(-advantage_max, advantage_max)
     if mode == "positive_only":
         advantage = advantage.clamp_min(0.0)
     elif mode == "negative_only":
@@ -184,7 +194,7 @@ def nft_optimality(advantage: torch.Tensor, advantage_clip: float, mode: str = "
         advantage = (advantage > 0).to(advantage.dtype)
     elif mode == "binary":
         advantage = torch.sign(advantage)
-    return (advantage / (2.0 * advantage_clip) + 0.5).clamp(0.0, 1.0)
+    return (advantage / (2.0 * advantage_max) + 0.5).clamp(0.0, 1.0)
 
 
 def nft_implicit_velocities(v_theta: torch.Tensor, v_old: torch.Tensor, strength: float):

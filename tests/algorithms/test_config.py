@@ -218,11 +218,24 @@ def test_bad_clip_ranges_name_the_key(text, message):
         TrainConfig.from_dict(payload)
 
 
-def test_diffusion_nft_needs_an_advantage_clip_for_its_normalisation():
-    with pytest.raises(ValueError, match="diffusion_nft needs advantage.clip"):
-        apply_overrides(TrainConfig(), ["algo=diffusion_nft"])
-    config = apply_overrides(TrainConfig(), ["algo=diffusion_nft", "advantage.clip=5"])
-    assert config.advantage.clip == 5.0
+def test_diffusion_nft_amax_has_its_own_key_and_the_old_ones_name_it():
+    """advantage.clip is a clip for every algorithm that reads it; DiffusionNFT's Amax (the bound and normaliser of
+    its optimality) is diffusion_nft.advantage_max, so a DiffusionNFT config is valid as constructed."""
+    config = TrainConfig(algo="diffusion_nft")
+    assert config.diffusion_nft.advantage_max == 5.0 and config.advantage.clip is None
+    assert apply_overrides(config, ["diffusion_nft.advantage_max=2"]).diffusion_nft.advantage_max == 2.0
+    with pytest.raises(ValueError, match="advantage.clip is not used by diffusion_nft \\(its Amax is "
+                                         "diffusion_nft.advantage_max.*configs before it named Amax advantage.clip"):
+        apply_overrides(config, ["advantage.clip=5"])
+    with pytest.raises(ValueError, match="'diffusion_nft.adv_max': renamed to diffusion_nft.advantage_max"):
+        apply_overrides(config, ["diffusion_nft.adv_max=5"])
+    saved = json.loads(config.to_json())  # a config.json written before the rename held Amax in advantage.clip
+    assert "clip" not in saved["advantage"]
+    saved["advantage"]["clip"] = 5.0
+    with pytest.raises(ValueError, match="advantage.clip is not used by diffusion_nft \\(its Amax is diffusion_nft"):
+        TrainConfig.from_dict(saved)
+    with pytest.raises(ValueError, match="diffusion_nft.advantage_max must be > 0"):
+        apply_overrides(config, ["diffusion_nft.advantage_max=0"])
 
 
 def test_cross_key_rules_of_the_chosen_algorithm_name_the_keys():

@@ -38,7 +38,7 @@ def test_official_preset_contents_and_unknown_algorithm():
     assert (config.optim.minibatches, config.optim.minibatch_size, config.optim.weight_decay) == (2, None, 1e-4)
     nft = official("diffusion_nft")
     assert (nft.diffusion_nft.timestep_fraction, nft.diffusion_nft.ref_kl_coef, nft.optim.ema_decay) == (0.99, 1e-4, 0.9)
-    assert nft.advantage.clip == 5.0
+    assert nft.diffusion_nft.advantage_max == 5.0
     sd3 = {algo: build_config(algo, None, "official-sd3.5-medium", []) for algo in ("flow_grpo", "vgrpo")}
     assert (sd3["flow_grpo"].rollout.num_steps, sd3["flow_grpo"].group_size, sd3["flow_grpo"].optim.lr) == (10, 24, 3e-4)
     assert (sd3["vgrpo"].rollout.num_steps, sd3["vgrpo"].rollout.solver) == (40, "dpmpp_2m")  # the paper's rollout

@@ -6,12 +6,16 @@ import pytest
 import torch
 
 from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
-from vgrpo_lib.algorithms.step_control import StepControl, parse_schedule
+from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.config import AlgorithmSection, _algorithm_sections
+from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, StepControl, parse_schedule
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.testbed.rewards import DigitProbability, WeightedReward
 from vgrpo_lib.integrations.testbed.tasks import Task
 from vgrpo_lib.advantages import group_advantage
 from vgrpo_lib.control import AdaptiveKLController, Cosine, Linear, Piecewise, Warmup
+from vgrpo_lib.losses import AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss
+from vgrpo_lib.rules import CLIP_RANGE, NON_NEGATIVE
 
 
 @pytest.mark.parametrize(
@@ -25,16 +29,17 @@ from vgrpo_lib.control import AdaptiveKLController, Cosine, Linear, Piecewise, W
     ],
 )
 def test_a_schedule_spec_is_the_library_schedule_from_the_configured_value(spec, expected):
-    schedule = parse_schedule(spec, 0.5, "schedule.lr")
+    schedule = parse_schedule(spec, 0.5, "schedule.lr", SCHEDULED_LR)
     assert [schedule(step) for step in range(16)] == [expected(step) for step in range(16)]
 
 
 def test_adaptive_is_the_adaptive_kl_controller_and_only_for_kl_coefficients():
-    controller = parse_schedule("adaptive:target=0.1,horizon=20", 0.3, "schedule.ref_kl_coef", adaptive=True)
+    controller = parse_schedule("adaptive:target=0.1,horizon=20", 0.3, "schedule.ref_kl_coef", NON_NEGATIVE,
+                                adaptive=True)
     assert isinstance(controller, AdaptiveKLController)
     assert (controller.value, controller.target, controller.horizon) == (0.3, 0.1, 20)
     with pytest.raises(ValueError, match="Unknown schedule.lr schedule 'adaptive'"):
-        parse_schedule("adaptive:target=0.1,horizon=20", 0.3, "schedule.lr")
+        parse_schedule("adaptive:target=0.1,horizon=20", 0.3, "schedule.lr", SCHEDULED_LR)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +56,7 @@ def test_adaptive_is_the_adaptive_kl_controller_and_only_for_kl_coefficients():
 )
 def test_bad_schedules_name_the_key(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        parse_schedule(spec, 1.0, "schedule.lr")
+        parse_schedule(spec, 1.0, "schedule.lr", SCHEDULED_LR)
 
 
 def test_the_config_refuses_schedules_of_values_the_run_does_not_have(tiny_config):
@@ -63,6 +68,58 @@ def test_the_config_refuses_schedules_of_values_the_run_does_not_have(tiny_confi
         tiny_config("vgrpo", "vgrpo.clip_range=0.01,0.02", "schedule.clip_range=linear:end=0.1,steps=3")
     with pytest.raises(ValueError, match="Unknown schedule.lr schedule 'fast'"):
         tiny_config("vgrpo", "schedule.lr=fast")
+
+
+@pytest.mark.parametrize(
+    "algo, override, message",
+    [
+        ("vgrpo", "schedule.lr=cosine:end=-1,steps=3", "schedule.lr=cosine:end=-1,steps=3 reaches -1.0; every value of "
+         "the schedule must be >= 0"),
+        ("vgrpo", "schedule.ref_kl_coef=linear:end=-100,steps=3", "schedule.ref_kl_coef=linear:end=-100,steps=3 "
+         "reaches -100.0; every value of the schedule must be >= 0"),
+        ("vgrpo", "schedule.clip_range=linear:end=-0.01,steps=3", "schedule.clip_range=linear:end=-0.01,steps=3 "
+         "reaches -0.01; every value of the schedule must be eps or a \\(low, high\\) pair with 0 <= low < 1"),
+        ("flow_grpo", "schedule.clip_range=linear:end=1.5,steps=3", "schedule.clip_range=.* reaches 1.5"),
+        ("vgrpo", "schedule.lr=piecewise:at=2/4,values=1e-4/-1e-5/0", "schedule.lr=.* reaches -1e-05"),
+        ("diffusion_nft", "schedule.ref_kl_coef=constant:warmup=2", "schedule.ref_kl_coef needs diffusion_nft.ref_kl_coef"),
+        ("awm", "schedule.behaviour_kl_coef=linear:end=nan,steps=3", "schedule.behaviour_kl_coef=.* reaches nan"),
+    ],
+)
+def test_every_value_of_a_schedule_is_checked_by_the_rule_of_its_key_before_the_run_starts(
+        tiny_config, tmp_path, algo, override, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(algo, override)
+    out = tmp_path / "run"  # the command line refuses it in one line, before writing anything
+    assert cli_main(["train", "--algo", algo, "--out", str(out), "iterations=3", override]) == 2
+    assert not out.exists()
+
+
+def test_a_scheduled_value_is_declared_once_on_its_loss_with_its_rule():
+    """Each loss declares its schedulable scalars with their rule (TorchRL's _schedulable_buffers follows from
+    it); each config key a schedule may drive has that same rule object, and the loss refuses an assignment by it."""
+    declared = {VGRPOLoss: {"clip_range": CLIP_RANGE, "behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE},
+                FlowGRPOLoss: {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE},
+                GRPOGuardLoss: {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE},
+                AWMLoss: {"behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE},
+                DiffusionNFTLoss: {"ref_kl_coef": NON_NEGATIVE}}
+    for loss, rules in declared.items():
+        assert loss._schedulable_rules == rules and loss._all_schedulable_buffers == frozenset(rules)
+    schedulable = {}
+    for name, section in _algorithm_sections().items():
+        assert issubclass(section, AlgorithmSection)
+        for key, rule in section.schedulable().items():
+            assert section.__dataclass_fields__[key].metadata["rule"] is rule, f"{name}.{key}"
+            schedulable[f"{name}.{key}"] = rule
+    assert set(schedulable) == {"vgrpo.clip_range", "vgrpo.behaviour_kl_coef", "vgrpo.ref_kl_coef",
+                                "flow_grpo.clip_range", "flow_grpo.ref_kl_coef", "diffusion_nft.ref_kl_coef",
+                                "fpo.clip_range", "awm.behaviour_kl_coef", "awm.ref_kl_coef"}
+    model = torch.nn.Linear(2, 2)
+    loss = FlowGRPOLoss(model, ref_model=model, ref_kl_coef=0.1)
+    with pytest.raises(ValueError, match="ref_kl_coef must be >= 0, got -1"):
+        loss.ref_kl_coef = -1
+    with pytest.raises(ValueError, match="clip_range must be eps or a \\(low, high\\) pair"):
+        loss.clip_range = (0.5, 0.1, 0.2)
+    assert loss.ref_kl_coef.item() == pytest.approx(0.1) and loss.clip_range.tolist() == pytest.approx([1e-4, 1e-4])
 
 
 def test_schedules_and_the_adaptive_kl_controller_drive_the_run(tiny_config, tmp_path):
@@ -110,6 +167,11 @@ def test_step_control_refuses_a_loss_without_the_scheduled_term():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="schedule.ref_kl_coef: the loss has no ref_kl_coef"):
         StepControl({"ref_kl_coef": (0.1, "constant")}, NoKL(), optimizer)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="schedule.ref_kl_coef: the loss has no ref_kl_coef .*is its term configured"):
+        StepControl({"ref_kl_coef": (0.1, "constant")}, FlowGRPOLoss(model), optimizer)
+    with pytest.raises(ValueError, match="schedule.clip_range=linear:end=2,steps=2 reaches 2.0"):
+        StepControl({"clip_range": (0.1, "linear:end=2,steps=2")}, FlowGRPOLoss(model), optimizer)
 
 
 @pytest.mark.parametrize("mode", ["normalize_then_sum", "sum_then_normalize"])

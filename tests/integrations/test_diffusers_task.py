@@ -60,10 +60,9 @@ def probe(task, seed=0):
 
 
 def config(algo: str, *overrides: str) -> TrainConfig:
-    amax = ["advantage.clip=5.0"] if algo == "diffusion_nft" else []  # DiffusionNFT's Amax (no preset here)
     return apply_overrides(TrainConfig(), [
         f"algo={algo}", "task=sd3.5-medium", "iterations=2", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=3",
-        "eval.per_prompt=2", "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01", *amax,
+        "eval.per_prompt=2", "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01",
         *overrides,
     ])
 

@@ -104,7 +104,11 @@ def test_group_common_noise_never_counts_as_within_group_noise(group, draws, see
     _, index = torch.unique(group, return_inverse=True)
     offsets = 3 * torch.randn(draws, int(index.max()) + 1, generator=generator, dtype=torch.float64)[:, index]
     shifted = values + offsets
-    deviation = lambda d: d - torch.stack([d[:, index == g].mean(1) for g in range(int(index.max()) + 1)], 1)[:, index]  # noqa: E731
+
+    def deviation(draws):
+        means = torch.stack([draws[:, index == g].mean(1) for g in range(int(index.max()) + 1)], 1)
+        return draws - means[:, index]
+
     torch.testing.assert_close(deviation(shifted), deviation(values))
     assert mc_noise_share(shifted, group) >= 0.0
     assert mc_noise_share(shifted, group) == pytest.approx(mc_noise_share(values, group), rel=1e-9, abs=1e-12)

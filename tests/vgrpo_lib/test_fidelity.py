@@ -286,7 +286,7 @@ def test_nft_loss_matches_official(make_model, perturb, adv_mode, strength):
     estimator = ELBOSurrogate(num_pairs=1, timesteps=GridSubset(time_grid(10)[:-1]), sharing="none")
     pairs = estimator.sample_pairs(sample, generator=g)
     batch = TensorDict({"sample": sample, "cond": cond, "advantage": advantage, "pairs": pairs}, [7])
-    loss = DiffusionNFTLoss(model, old, estimator, strength=strength, advantage_clip=5.0, adv_mode=adv_mode,
+    loss = DiffusionNFTLoss(model, old, estimator, strength=strength, advantage_max=5.0, adv_mode=adv_mode,
                             ref_model=reference, ref_kl_coef=1e-4)
     out = loss(batch)
     t, noise = pairs["t"][:, 0].to(F64), pairs["noise"][:, 0]

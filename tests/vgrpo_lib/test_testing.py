@@ -32,7 +32,8 @@ def test_mlp_velocity_follows_the_protocol_and_is_seeded(data_shape):
     assert v.shape == z.shape and model.calls == 1
     torch.testing.assert_close(MLPVelocity(data_shape=data_shape, cond_dim=2, seed=3)(z, t, cond), v)
     assert not torch.equal(MLPVelocity(data_shape=data_shape, cond_dim=2, seed=4)(z, t, cond), v)
-    assert MLPVelocity(dtype=torch.float64)(torch.randn(2, 4, dtype=torch.float64), torch.rand(2)).dtype == torch.float64
+    double = MLPVelocity(dtype=torch.float64)
+    assert double(torch.randn(2, 4, dtype=torch.float64), torch.rand(2)).dtype == torch.float64
 
 
 def test_toy_velocity_maps_points_to_velocities():

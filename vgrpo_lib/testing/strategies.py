@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 try:
     from hypothesis import strategies as st
@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES, ELBOSurrogate
-from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
+from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS, TimestepSampler
 from vgrpo_lib.weighting import WEIGHTINGS
 
 __all__ = ["estimator_configs", "estimators", "group_ids", "reward_batches", "sample_batches"]
@@ -88,13 +88,14 @@ def sample_batches(draw, data_shapes: Sequence[tuple[int, ...]] = ((2,), (3,), (
 
 
 @st.composite
-def estimator_configs(draw, num_pairs: Sequence[int] = (1, 2, 3, 4, 6, 8), timesteps: Sequence[str] | None = None,
-                      sharing: Sequence[str] | None = None, weightings: Sequence[str] | None = None,
-                      noise: Sequence[str] | None = None) -> dict:
+def estimator_configs(draw, num_pairs: Sequence[int] = (1, 2, 3, 4, 6, 8),
+                      timesteps: Sequence[str | TimestepSampler] | None = None, sharing: Sequence[str] | None = None,
+                      weightings: Sequence[str | Callable] | None = None, noise: Sequence[str] | None = None) -> dict:
     """Keyword arguments of :class:`~vgrpo_lib.elbo.ELBOSurrogate`: ``num_pairs`` from ``num_pairs`` and
-    ``timesteps`` / ``sharing`` / ``weighting`` / ``noise`` from the given names (None: every name of the core's
-    registries ``TIMESTEP_SAMPLERS``, ``SHARING_SCOPES``, ``WEIGHTINGS``, ``NOISE_SCHEMES``). ``noise="antithetic"``
-    is drawn only with an even ``num_pairs`` (it needs couples)."""
+    ``timesteps`` / ``sharing`` / ``weighting`` / ``noise`` from the given choices (None: every name of the core's
+    registries ``TIMESTEP_SAMPLERS``, ``SHARING_SCOPES``, ``WEIGHTINGS``, ``NOISE_SCHEMES``). ``timesteps`` and
+    ``weightings`` may hold your own samplers and weighting callables. ``noise="antithetic"`` is drawn only with an
+    even ``num_pairs`` (it needs couples)."""
     config = {
         "num_pairs": draw(st.sampled_from(list(num_pairs))),
         "timesteps": draw(st.sampled_from(list(timesteps or TIMESTEP_SAMPLERS))),
