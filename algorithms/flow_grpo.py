@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from vgrpo_lib.algorithms.base import Algorithm, expand_rows
+from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.batches import flow_grpo_batch
 from vgrpo_lib.control import SDEWindow
 from vgrpo_lib.losses import FlowGRPOLoss
 from vgrpo_lib.samplers import classifier_free_guidance, sample_sde
@@ -91,14 +92,7 @@ class FlowGRPO(Algorithm):
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
         if self.config.flow_grpo.filter_zero_advantage:
             batch = self._filter_zero_advantage(batch, generator)
-        trajectory = batch["trajectory"][:, : self.trained_steps()]
-        steps = trajectory.shape[1]
-        rows = trajectory.exclude("log_prob", "mean")
-        rows["old_log_prob"] = trajectory["log_prob"]
-        if self.record_mean:
-            rows["old_mean"] = trajectory["mean"]
-        rows["advantage"] = expand_rows(batch["advantage"], steps)
-        rows["cond"] = expand_rows(batch["cond"], steps)
+        rows = flow_grpo_batch(batch["trajectory"], batch["advantage"], batch["cond"], num_steps=self.trained_steps())
         return rows.reshape(-1)
 
     def _filter_zero_advantage(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
