@@ -263,7 +263,7 @@ def test_the_reading_reward_reads_exact_compositions(exact_canvases):
     reward = geneval_reading_reward()
     exact = reward(images, prompts)
     # Measured 0.632 on these 96 canvases (rapidocr reads a lone digit as a letter at times: "o" for 0, "S" for
-    # 5; results/mnist_sd3_geneval/reading_view.log); deterministic (fixed renderings, rapidocr's CPU
+    # 5; results/mnist-sd3-geneval-pipeline/reading_view.log); deterministic (fixed renderings, rapidocr's CPU
     # inference), bound with a margin.
     assert exact.mean() > 0.55 and exact.max() == 1.0
     assert (reward(torch.zeros_like(images), prompts) == 0).all()  # nothing drawn, nothing read
