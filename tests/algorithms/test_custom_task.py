@@ -142,6 +142,14 @@ def test_cli_trains_from_an_import_path_and_resume_rebuilds_it(toy, tmp_path, ca
     assert run_differences(out, partial) == []
 
 
+def test_sample_takes_an_import_path_too(toy, tmp_path, capsys):
+    out = tmp_path / "samples.npz"
+    assert main(["sample", "--task", FACTORY, "--per-prompt", "5", "--seed", "0", "--steps", "4", "--out", str(out)]) == 0
+    import numpy as np
+
+    assert np.load(out)["images"].shape == (5, 2)  # the toy's samples are 2-D points
+
+
 def _one_line_error(argv: list[str], capsys) -> str:
     code = main(argv)
     error = capsys.readouterr().err.strip()
