@@ -16,7 +16,7 @@ for setting in "$@"; do
     extra=(--step-control "$control" --lr "$lr") name=${variant}_${control}_lr$lr
   fi
   for seed in 0 1 2 3 4; do
-    OMP_NUM_THREADS=1 timeout "$limit" python3 results/gpu-geneval/train_one.py "$variant" "$seed" "$iterations" \
+    OMP_NUM_THREADS=1 timeout "$limit" python3 -m vgrpo_lib.benchmarks.analysis.gpu_geneval_train_one "$variant" "$seed" "$iterations" \
       "$out/runs/${name}_seed$seed" "${extra[@]}" > "$out/stdout/${name}_seed$seed.log" 2>&1 &
   done
 done

@@ -5,19 +5,26 @@ ITERATIONS iterations, evaluated every 25, on ``--device`` (default cuda). Every
 config (``vgrpo_lib.benchmarks.compare.build``), so a run differs from the comparison's reported run of the same seed only
 in its length, its evaluation interval and where it computes.
 
-    python results/gpu-geneval/train_one.py VARIANT SEED ITERATIONS OUT [--step-control C --lr LR] [--device D]
+    python -m vgrpo_lib.benchmarks.analysis.gpu_geneval_train_one VARIANT SEED ITERATIONS OUT [--step-control C --lr LR] [--device D]
 """
+
+from __future__ import annotations
+
+import sys
 import argparse
 import json
 from pathlib import Path
-
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks.compare import build
 
-PROTOCOL = Path(__file__).parents[1] / "compare-mnist-sd3-geneval" / "protocol.json"
-EVAL_EVERY = 25
+__all__ = ["main"]
 
-if __name__ == "__main__":
+
+def main(argv: list[str] | None = None) -> int:
+    """Run it with ``argv`` (default: the command line's arguments)."""
+    argv = [__name__, *(sys.argv[1:] if argv is None else argv)]
+    PROTOCOL = Path("results") / "compare-mnist-sd3-geneval" / "protocol.json"
+    EVAL_EVERY = 25
     parser = argparse.ArgumentParser()
     parser.add_argument("variant")
     parser.add_argument("seed", type=int)
@@ -26,7 +33,7 @@ if __name__ == "__main__":
     parser.add_argument("--step-control", default=None)
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
+    args = parser.parse_args(argv[1:])
     protocol = json.loads(PROTOCOL.read_text())
     chosen = protocol["chosen"][args.variant]
     control, lr = args.step_control or chosen["step_control"], args.lr or chosen["lr"]
@@ -37,3 +44,8 @@ if __name__ == "__main__":
                     f"model.device={args.device}"], protocol["pipeline"])
     Trainer(config, args.out, progress=False).train()
     print(f"{args.variant} ({control}, lr {lr:g}) seed {args.seed}: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

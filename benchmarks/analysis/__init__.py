@@ -1,0 +1,31 @@
+"""The analyses behind the numbers in ``results/``: each module reads raw files that a benchmark or a run wrote there
+and prints the table or text that ``results/`` keeps beside them, runnable as ``python -m
+vgrpo_lib.benchmarks.analysis.NAME [ARGS] > results/...`` from the repository root (``results/README.md`` and each
+study's README name the command of every kept output). The modules that read only committed raw data have a
+function returning their text, which the test suite runs on the committed raw files and compares with the committed
+output.
+
+Reports on committed raw data (tested): :mod:`.first_iteration_rewards`, :mod:`.heldout_selection`,
+:mod:`.table_sizes`, :mod:`.repeat_check`, :mod:`.gpu_geneval_summary`, :mod:`.cpu_vs_gpu`, :mod:`.main_job_phases`,
+:mod:`.geneval_table`. Reports on the file times of the machine that made the runs (a git checkout resets them, so
+they reproduce only there): :mod:`.protocol_wall_times`, :mod:`.comparison_gaps`. Runs and probes that train or
+sample (minutes to hours on CPU; their logs are the record): :mod:`.ema_check`, :mod:`.gpu_geneval_train_one`,
+:mod:`.reading_control`, and the pilots and probes that made the shipped MNIST-SD3 pipelines (``mnist_sd3_*``,
+``geneval_pipeline_*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["RESULTS", "results_parser"]
+
+RESULTS = Path("results")  # the repository's results/ folder, from the repository root
+
+
+def results_parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser with ``--results DIR`` (default ``results``, the folder the analysis reads)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results/ folder (default: ./results)")
+    return parser

@@ -1,0 +1,85 @@
+"""The analyses of ``vgrpo_lib.benchmarks.analysis`` run on the committed raw data in results/ and give the committed
+outputs byte for byte; the file-time reports on folders whose times are set here; every analysis module imports
+without running anything and has a ``main``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import vgrpo_lib.benchmarks.analysis as analysis
+from vgrpo_lib.benchmarks.analysis.comparison_gaps import comparison_gaps
+from vgrpo_lib.benchmarks.analysis.cpu_vs_gpu import cpu_vs_gpu
+from vgrpo_lib.benchmarks.analysis.first_iteration_rewards import first_iteration_rewards
+from vgrpo_lib.benchmarks.analysis.geneval_table import geneval_table
+from vgrpo_lib.benchmarks.analysis.gpu_geneval_summary import gpu_geneval_summary
+from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
+from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
+from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
+from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
+from vgrpo_lib.benchmarks.analysis.repeat_check import repeat_check
+from vgrpo_lib.benchmarks.analysis.table_sizes import table_sizes
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+REPORTS = {  # committed output: how it is made from the committed raw data
+    "first_iteration_rewards.txt": lambda: first_iteration_rewards(RESULTS),
+    "heldout_selection.txt": lambda: heldout_selection(RESULTS),
+    "table_sizes.txt": lambda: table_sizes(RESULTS),
+    "mnist-sd3/phases.txt": lambda: main_job_phases(RESULTS),
+    "mnist-sd3/main-geneval/geneval_table.md": lambda: geneval_table(RESULTS / "mnist-sd3" / "main-geneval"),
+    "gpu-run/cpu_vs_gpu.txt": lambda: cpu_vs_gpu(RESULTS),
+    "gpu-geneval/summary.txt": lambda: gpu_geneval_summary(RESULTS),
+    "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
+        RESULTS / "compare-mnist-sd3-digit-heldout", json.loads((RESULTS / "compare-mnist-sd3-digit/summary.json").read_text())),
+    "compare-mnist-sd3-ocr-heldout/repeat_check.txt": lambda: repeat_check(
+        RESULTS / "compare-mnist-sd3-ocr-heldout", json.loads((RESULTS / "compare-mnist-sd3-ocr/summary.json").read_text())),
+}
+
+
+@pytest.mark.parametrize("output", sorted(REPORTS))
+def test_an_analysis_of_the_committed_raw_data_gives_the_committed_output(output):
+    assert REPORTS[output]() == (RESULTS / output).read_text()
+
+
+def test_repeat_check_runs_from_the_command_line(capsys):
+    folder, earlier = RESULTS / "compare-mnist-sd3-ocr-heldout", RESULTS / "compare-mnist-sd3-ocr" / "summary.json"
+    assert repeat_check_main([str(folder), str(earlier)]) == 0
+    assert capsys.readouterr().out == (folder / "repeat_check.txt").read_text()
+
+
+def _touch(path: Path, seconds: float, text: str = "{}") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (seconds, seconds))
+
+
+def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
+    day = 1_800_000_000  # 2027-01-15 08:00:00 UTC
+    for name, start, end in (("vgrpo_one_step_lr0.001_seed100", 0, 60), ("vgrpo_one_step_lr0.001_seed0", 90, 150),
+                             ("vgrpo_one_step_lr0.001_seed1", 200, 260)):
+        _touch(tmp_path / "protocol-x" / "runs" / name / "config.json", day + start)
+        _touch(tmp_path / "protocol-x" / "runs" / name / "eval.jsonl", day + end)
+    _touch(tmp_path / "protocol-x" / "summary.json", day + 600)
+    assert protocol_wall_times(tmp_path) == "protocol-x: 10 min (08:00:00 to 08:10:00 UTC)\n"
+    assert comparison_gaps(tmp_path / "protocol-x") == (
+        "tuning runs (1): 1.0 min from the first start to the last evaluation, 0 s (0.0 min) of it between runs\n"
+        "vgrpo_one_step_lr0.001_seed0 -> vgrpo_one_step_lr0.001_seed1: 50 s\n"
+        "reported runs (2): 2.8 min from the first start to the last evaluation, 50 s (0.8 min) of it between runs\n")
+
+
+def test_every_analysis_module_imports_without_running_and_has_a_main():
+    names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
+    assert len(names) == 24
+    for name in names:
+        module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
+        assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
+
+
+def test_results_holds_no_script():
+    assert sorted(RESULTS.glob("**/*.py")) == []
