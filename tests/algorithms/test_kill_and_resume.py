@@ -49,6 +49,7 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", [1, 2, 3])
 def test_sigkill_after_checkpoint_n_then_resume_is_exact(uninterrupted, tmp_path, checkpoint):
     out = tmp_path / "run"
@@ -67,6 +68,7 @@ def test_sigkill_after_checkpoint_n_then_resume_is_exact(uninterrupted, tmp_path
     _assert_same_run(uninterrupted, out)
 
 
+@pytest.mark.slow
 def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninterrupted, tmp_path):
     """The process dies between writing the temporary file and renaming it into place."""
     out = tmp_path / "run"
@@ -88,6 +90,7 @@ def test_killed_during_a_checkpoint_write_leaves_the_previous_checkpoint(uninter
     _assert_same_run(uninterrupted, out)
 
 
+@pytest.mark.slow
 def test_killed_before_its_first_checkpoint_the_run_resumes_from_iteration_zero(uninterrupted, tmp_path):
     out = tmp_path / "run"
     trigger = (

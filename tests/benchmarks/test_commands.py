@@ -11,6 +11,7 @@ SUMMARY_KEYS = {"time_to_target_s", "nfe_to_target", "steps_to_target", "final_r
                 "seconds_per_iteration", "judge_gap", "diversity", "heldout_time_to_target_s", "heldout_nfe_to_target"}
 
 
+@pytest.mark.slow
 def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path, capsys):
     """Tuning on the tuning seed only, the target from the rule fixed before the reported runs, the chosen
     setting per algorithm, ratios against V-GRPO with intervals."""
@@ -97,6 +98,7 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
         run_compare(tmp_path / "bad", quick=True, variants=("vgrpo", "nonsense"))
 
 
+@pytest.mark.slow
 def test_compare_can_select_by_the_held_out_target(tmp_path, capsys):
     """``select="heldout"`` reads the same tuning runs back and chooses each algorithm's setting by the held-out
     target (else the final held-out reward); the protocol records which target selected, and a bad name is refused
@@ -135,6 +137,7 @@ def test_estimator_lab_writes_statistics_and_ground_truth(tmp_path):
     assert (tmp_path / "estimators.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
     import pytest
 
@@ -150,6 +153,7 @@ def test_ablations_run_only_the_named_cells_and_refuse_unknown_ones(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_scaling_times_one_and_two_processes(tmp_path):
     """The gloo scaling check end to end at toy size (DDP and FSDP2): both process counts report every phase."""
     from vgrpo_lib.benchmarks.scaling import main as scaling

@@ -13,6 +13,7 @@ pytest.importorskip("peft")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_run.sh"
 
 
+@pytest.mark.slow
 def test_cpu_mode_writes_the_timing_and_the_mnist_sd3_run(tmp_path):
     from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
 

@@ -37,6 +37,7 @@ def test_official_on_pipeline_is_the_official_settings_on_the_pipelines_task_and
     assert build_config("diffusion_nft", None, "official-mnist-sd3", []).rollout.solver == "dpmpp_2m"
 
 
+@pytest.mark.slow
 def test_compare_on_the_pipeline_runs_every_variant_at_its_official_settings(tmp_path, model_path):
     run_compare(tmp_path, task="digit", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"), learning_rates=(1e-4,),
                 overrides=[*TINY, model_path], iterations=1, pipeline="mnist-sd3")
@@ -54,6 +55,7 @@ def test_compare_on_the_pipeline_runs_every_variant_at_its_official_settings(tmp
     assert not (tmp_path / "bad").exists()  # refused before anything ran
 
 
+@pytest.mark.slow
 def test_estimator_lab_on_the_pipeline(tmp_path, model_path):
     report = run_lab(tmp_path, quick=True, task="digit", names=("naive", "vgrpo"), preset="mnist-sd3",
                      overrides=[model_path])
@@ -65,6 +67,7 @@ def test_estimator_lab_on_the_pipeline(tmp_path, model_path):
     assert json.loads((tmp_path / "estimators.json").read_text())["setup"] == report["setup"]
 
 
+@pytest.mark.slow
 def test_ablations_on_the_pipeline_and_the_commands_accept_the_preset(tmp_path, model_path):
     report = run_ablations(tmp_path, which="paper", task="ocr", seeds=1, quick=True, cells=["naive"],
                            preset="mnist-sd3", overrides=[*TINY, "iterations=1", model_path])

@@ -241,6 +241,7 @@ def _fsdp2_lora_worker(rank: int, world_size: int, port: int, overrides: list[st
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_fsdp2_on_two_ranks_shards_the_lora_transformer_and_equals_one_process(hub_model, tmp_path, monkeypatch):
     """DiffusionNFT (trained adapter + the old-policy adapter + the adapters-off reference, all in one sharded
     transformer) on 2 gloo ranks with FSDP2 makes the 1-process run's weight changes on the same global batch

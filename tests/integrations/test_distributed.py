@@ -255,6 +255,7 @@ def _comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.endswith("_s") and k not in ("train_seconds", "ess")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EQUAL_TO_ONE_PROCESS)
 def test_two_ranks_equal_one_process(name, two_rank_runs, tmp_path, monkeypatch):
     _use_test_policy(monkeypatch)

@@ -168,6 +168,7 @@ def test_sample_writes_the_documented_arrays_for_the_base_pipeline(pipeline, tmp
     np.testing.assert_array_equal(np.load(again)["images"], data["images"])  # the seed fixes the samples
 
 
+@pytest.mark.slow
 def test_a_short_vgrpo_run_on_the_shipped_pipeline_raises_the_held_out_reward(tmp_path):
     """The hub path learns: 16 V-GRPO iterations (8 prompts x 8 images, the preset's lr 3e-4) on the SHIPPED
     MNIST-SD3 weights raise the held-out digit reward (60 samples, 6 Euler steps). The evaluation draws the same

@@ -22,6 +22,7 @@ CARDS = {"mnist_sd3": (PIPELINE_DIR, model_card),
          "mnist_sd3_geneval": (geneval_pipeline.PIPELINE_DIR, geneval_pipeline.model_card)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CARDS))
 def test_the_shipped_card_is_its_writers_text_and_its_code_runs_without_deprecation(name, monkeypatch):
     folder, writer = CARDS[name]
