@@ -109,6 +109,23 @@ def check_same_device(name: str, tensor: torch.Tensor, other_name: str, other: t
         raise ValueError(f"{name} is on {tensor.device} but {other_name} is on {other.device}; move them to one device.")
 
 
+def check_model_dtype(model, name: str, tensor: torch.Tensor) -> None:
+    """Raise a TypeError naming both dtypes when ``tensor`` (an input of ``model``) is floating and its dtype is not
+    that of the model's floating parameters (torch's own error comes from deep inside the forward). Skipped under
+    autocast, for a model that is not an ``nn.Module`` or has no floating parameter, and for one that declares
+    ``moves_inputs = True`` (it casts and moves its inputs itself, as the diffusers ``LoRAPolicy``)."""
+    if not isinstance(model, torch.nn.Module) or getattr(model, "moves_inputs", False):
+        return
+    if not tensor.is_floating_point() or torch.is_autocast_enabled(tensor.device.type):
+        return
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is not None and weight.dtype != tensor.dtype:
+        raise TypeError(
+            f"dtype mismatch: {name} is {tensor.dtype} but the model's parameters are {weight.dtype}; cast one to "
+            f"the other (the inputs with .to({weight.dtype}), or the model with .to({tensor.dtype}))."
+        )
+
+
 def check_key(td, key, what: str) -> None:
     """Raise a KeyError naming the missing TensorDict entry and what it is for."""
     if key not in td.keys(include_nested=True):

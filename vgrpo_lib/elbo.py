@@ -29,6 +29,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from vgrpo_lib._checks import (
     check_batch,
     check_key,
+    check_model_dtype,
     check_not_empty,
     check_positive_int,
     check_same_device,
@@ -215,6 +216,11 @@ class ELBOSurrogate:
         batch = sample.shape[0]
         if t.ndim != 2 or t.shape[0] != batch:
             raise ValueError(f"pairs['t'] must be (B, K) with B={batch}, got {tuple(t.shape)}.")
+        if t.shape[1] != self.num_pairs:
+            raise ValueError(
+                f"pairs hold K={t.shape[1]} pairs per sample but this estimator's num_pairs is {self.num_pairs}; "
+                f"draw them with its sample_pairs (or build the estimator with num_pairs={t.shape[1]})."
+            )
         if noise.shape != (batch, t.shape[1], *sample.shape[1:]):
             raise ValueError(
                 f"pairs['noise'] must be (B, K, *D) = {(batch, t.shape[1], *sample.shape[1:])}, got {tuple(noise.shape)}."
@@ -228,6 +234,7 @@ class ELBOSurrogate:
     def predict(self, model: VelocityModel, inputs: NoisedPairs) -> torch.Tensor:
         """The model's velocity at every pair, ``(B, K, *D)``, in one batched forward (or ``chunk_size`` chunks)."""
         z_rows, t_rows = inputs.z.flatten(0, 1), inputs.t.flatten()
+        check_model_dtype(model, "the sample", z_rows)
         rows = t_rows.shape[0]
         if self.chunk_size is None or self.chunk_size >= rows:
             v = model(z_rows, t_rows, inputs.cond)

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from vgrpo_lib._checks import check_key, check_positive, choose, renamed_keywords
+from vgrpo_lib._checks import check_key, check_model_dtype, check_positive, choose, renamed_keywords
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
     NFT_ADVANTAGE_MODES,
@@ -344,6 +344,7 @@ class FlowGRPOLoss(_PolicyLoss):
             advantage = advantage.clamp(-self.advantage_clip, self.advantage_clip)
         old_log_prob = self._get(batch, "old_log_prob", "the rollout's transition log-probs")
         cond = self._cond(batch)
+        check_model_dtype(self.model, "z (the SDE states)", z)
         mean, std = self.step_mean_std(z, self.model(z, t, cond), t, t_next, self.noise_level)
         log_prob = gaussian_log_prob(z_next, mean, std, self.log_prob_reduction)
         out = self._clipped_objective(

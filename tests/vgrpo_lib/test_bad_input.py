@@ -405,3 +405,72 @@ def test_control_errors():
         AdaptiveKLController(0.1, target=0.0)
     with pytest.raises(ValueError, match="horizon must be a positive integer"):
         AdaptiveKLController(0.1, target=0.1, horizon=0)
+
+
+# ------------------------------------------------------------------- API errors that finish the job (issue 28.7)
+
+
+def test_a_float64_sample_with_a_float32_model_is_named_as_a_dtype_mismatch(batches):
+    model, est, vgrpo, traj, nft = batches
+    message = "dtype mismatch: the sample is torch.float64 but the model's parameters are torch.float32"
+    sample, cond = vgrpo["sample"].double(), vgrpo["cond"].double()
+    pairs = est.sample_pairs(sample)
+    with pytest.raises(TypeError, match=message):
+        est(model, sample, cond, pairs)
+    with pytest.raises(TypeError, match=message):
+        VGRPOLoss(model, est, on_policy=True)(vgrpo.exclude("old_log_prob", "old_x_pred").apply(_double))
+    with pytest.raises(TypeError, match=message):
+        DiffusionNFTLoss(model, copy.deepcopy(model), est)(nft.apply(_double))
+    with pytest.raises(TypeError, match="dtype mismatch: z \\(the SDE states\\) is torch.float64 but the model's "
+                                        "parameters are torch.float32"):
+        FlowGRPOLoss(model)(traj.apply(_double))
+    assert torch.isfinite(est(model.double(), sample, cond, pairs)).all(), "a float64 model takes float64 samples"
+
+
+def _double(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.double() if tensor.is_floating_point() else tensor
+
+
+def test_pairs_with_another_k_than_the_estimator_are_refused_naming_both(batches):
+    model, est, vgrpo, _, _ = batches
+    other = ELBOSurrogate(num_pairs=3, sharing="none")
+    pairs = other.sample_pairs(vgrpo["sample"])
+    with pytest.raises(ValueError, match="pairs hold K=3 pairs per sample but this estimator's num_pairs is 2"):
+        est(model, vgrpo["sample"], vgrpo["cond"], pairs)
+    bad = vgrpo.exclude("pairs", "old_x_pred")
+    bad["pairs"] = pairs
+    with pytest.raises(ValueError, match="K=3 pairs per sample but this estimator's num_pairs is 2"):
+        VGRPOLoss(model, est, on_policy=True)(bad)
+
+
+@pytest.mark.parametrize(
+    "call, old, new",
+    [
+        (lambda m, e: VGRPOLoss(m, e, kl_coef=0.3), "kl_coef", "behaviour_kl_coef"),
+        (lambda m, e: VGRPOLoss(m, e, clip_epsilon=0.01), "clip_epsilon", "clip_range"),
+        (lambda m, e: VGRPOLoss(m, e, clip_high=0.02), "clip_high", "clip_range"),
+        (lambda m, e: FlowGRPOLoss(m, kl_coef=0.04), "kl_coef", "ref_kl_coef"),
+        (lambda m, e: FlowGRPOLoss(m, clip_epsilon=1e-4), "clip_epsilon", "clip_range"),
+        (lambda m, e: FlowGRPOLoss(m, adv_clip=5.0), "adv_clip", "advantage_clip"),
+        (lambda m, e: DiffusionNFTLoss(m, m, e, kl_coef=1e-4), "kl_coef", "ref_kl_coef"),
+        (lambda m, e: DiffusionNFTLoss(m, m, e, adv_max=5.0), "adv_max", "advantage_max"),
+        (lambda m, e: DiffusionNFTLoss(m, m, e, advantage_clip=5.0), "advantage_clip", "advantage_max"),
+    ],
+)
+def test_an_old_keyword_answers_with_its_new_name(make_model, call, old, new):
+    owner = call.__code__.co_names[0]  # the loss class the call builds
+    with pytest.raises(TypeError, match=f"^{owner}\\(\\) got the old keyword {old}=; it is now {new}="):
+        call(make_model(), ELBOSurrogate())
+
+
+def test_old_keywords_of_the_objectives_answer_with_their_new_names():
+    from vgrpo_lib.objectives import clip_fraction, clipped_ratio_objective, nft_optimality
+
+    log_ratio, advantage = torch.zeros(3), torch.ones(3)
+    with pytest.raises(TypeError, match="clipped_ratio_objective\\(\\) got the old keyword clip_low=; it is now clip_range="):
+        clipped_ratio_objective(log_ratio, advantage, clip_low=0.1)
+    with pytest.raises(TypeError, match="clip_fraction\\(\\) got the old keyword clip_high=; it is now clip_range="):
+        clip_fraction(log_ratio, clip_high=0.2)
+    with pytest.raises(TypeError, match="nft_optimality\\(\\) got the old keyword adv_max=; it is now advantage_max="):
+        nft_optimality(advantage, adv_max=5.0)
+    assert nft_optimality(advantage, advantage_max=5.0).tolist() == pytest.approx([0.6] * 3)
