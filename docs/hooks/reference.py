@@ -2,8 +2,11 @@
 
 - ``<!-- vgrpo-cli -->`` becomes one section per ``vgrpo`` command with its ``--help`` (every flag, its choices and
   default), read from the same parser the console command uses (:func:`vgrpo_lib.benchmarks.cli.make_parser`).
-- ``<!-- api-modules: FOLDER -->`` becomes a mkdocstrings block (``::: vgrpo_lib.x.y``) for every public module in
-  the repository folder FOLDER and its sub-packages (a module whose name starts with ``_`` is private).
+- ``<!-- api-modules: FOLDER [except=SUBFOLDER,...] -->`` becomes a mkdocstrings block (``::: vgrpo_lib.x.y``) for every
+  public module in the repository folder FOLDER and its sub-packages (a module whose name starts with ``_`` is
+  private), leaving out the sub-folders named after ``except=``.
+- ``<!-- module-list: FOLDER -->`` becomes a table of the public modules of FOLDER with the first line of each
+  docstring (read from the source, nothing imported): for folders of scripts run with ``python -m``.
 - ``<!-- tutorials-table -->`` becomes one row per tutorial page that embeds a script of ``docs/examples/`` (its
   title, the script, the first line of the script's docstring), so a new tutorial is listed once it has a page.
 """
@@ -18,16 +21,29 @@ ROOT = Path(__file__).resolve().parents[2]
 # The repository folder of each installed package (pyproject.toml's package-dir mapping).
 IMPORT_PREFIX = {"vgrpo_lib": "vgrpo_lib", "algorithms": "vgrpo_lib.algorithms",
                  "integrations": "vgrpo_lib.integrations", "benchmarks": "vgrpo_lib.benchmarks"}
-API_MARKER = re.compile(r"<!-- api-modules: (\S+) -->")
+API_MARKER = re.compile(r"<!-- api-modules: (\S+)(?: except=(\S+))? -->")
+LIST_MARKER = re.compile(r"<!-- module-list: (\S+) -->")
 CLI_MARKER = "<!-- vgrpo-cli -->"
 TUTORIALS_MARKER = "<!-- tutorials-table -->"
 EMBED = re.compile(r'--8<-- "([\w.-]+\.py)"')
 
 
-def public_modules(folder: str) -> list[str]:
-    """Import names of the public modules under the repository folder ``folder`` (e.g. ``integrations/rewards``)."""
+def import_name(folder: str) -> str:
+    """The import name of a repository folder (``integrations/rewards`` -> ``vgrpo_lib.integrations.rewards``)."""
     top, _, rest = folder.partition("/")
-    prefix = ".".join([IMPORT_PREFIX[top], *filter(None, rest.split("/"))])
+    return ".".join([IMPORT_PREFIX[top], *filter(None, rest.split("/"))])
+
+
+def public_modules(folder: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Import names of the public modules under the repository folder ``folder`` (e.g. ``integrations/rewards``),
+    without those under the folders ``exclude``."""
+    left_out = tuple(import_name(sub) for sub in exclude)
+    return [name for name in _all_public_modules(folder)
+            if not any(name == out or name.startswith(out + ".") for out in left_out)]
+
+
+def _all_public_modules(folder: str) -> list[str]:
+    prefix = import_name(folder)
     base = ROOT / folder
     names = [prefix] if (base / "__init__.py").exists() else []
     for path in sorted(base.rglob("*.py")):
@@ -90,10 +106,30 @@ def tutorials_table(tutorials: Path, examples: Path) -> str:
     return "\n".join(rows)
 
 
+def module_table(folder: str) -> str:
+    """``| module | what it does |`` for the public modules of ``folder``, from their docstrings' first lines."""
+    import ast
+
+    rows = ["| module | what it does |", "|---|---|"]
+    prefix = import_name(folder)
+    for name in _all_public_modules(folder):
+        if name == prefix:
+            continue
+        path = ROOT / folder / Path(*name[len(prefix) + 1:].split(".")).with_suffix(".py")
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        summary = docstring.split("\n\n")[0].replace("\n", " ")
+        summary = summary.replace("|", "\\|").replace("[", "\\[")  # table cells; no link syntax
+        rows.append(f"| `{name}` | {summary} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_markdown())
     if TUTORIALS_MARKER in markdown:
         docs = Path(config.docs_dir)
         markdown = markdown.replace(TUTORIALS_MARKER, tutorials_table(docs / "tutorials", docs / "examples"))
-    return API_MARKER.sub(lambda m: "\n\n".join(f"::: {name}" for name in public_modules(m.group(1))), markdown)
+    markdown = LIST_MARKER.sub(lambda m: module_table(m.group(1)), markdown)
+    return API_MARKER.sub(lambda m: "\n\n".join(
+        f"::: {name}" for name in public_modules(m.group(1), tuple(filter(None, (m.group(2) or "").split(","))))),
+        markdown)
