@@ -238,6 +238,17 @@ def test_diffusion_nft_amax_has_its_own_key_and_the_old_ones_name_it():
         apply_overrides(config, ["diffusion_nft.advantage_max=0"])
 
 
+def test_the_losses_read_the_advantage_keys_by_their_one_meaning(tiny_config, tmp_path):
+    """Flow-GRPO's loss clips with advantage.clip (the trainer's GroupAdvantage clips with it too); DiffusionNFT's
+    loss takes its Amax from diffusion_nft.advantage_max, and its advantages are not clipped before."""
+    from vgrpo_lib.algorithms.trainer import Trainer
+
+    flow = Trainer(tiny_config("flow_grpo", "advantage.clip=3"), tmp_path / "flow", progress=False)
+    assert flow.algorithm.loss_module.advantage_clip == flow.advantage.clip == 3.0
+    nft = Trainer(tiny_config("diffusion_nft", "diffusion_nft.advantage_max=2"), tmp_path / "nft", progress=False)
+    assert nft.algorithm.loss_module.advantage_max == 2.0 and nft.advantage.clip is None
+
+
 def test_cross_key_rules_of_the_chosen_algorithm_name_the_keys():
     with pytest.raises(ValueError, match="flow_grpo.window_size must be in 1..rollout.num_steps=10, got 99"):
         apply_overrides(TrainConfig(), ["algo=flow_grpo", "flow_grpo.window_size=99"])

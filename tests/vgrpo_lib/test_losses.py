@@ -258,8 +258,9 @@ def _recompute_log_prob(model, traj, reduction="mean", noise_level=0.7):
 
 
 def test_flow_grpo_advantage_clip_in_the_loss_equals_clipping_the_advantages_first(flow_setup, perturb):
-    """The trainer hard-clips with advantage.clip (GroupAdvantage) and builds the loss with advantage_clip=None;
-    the official layout clips inside the loss. Both give the same loss and gradient, bit for bit."""
+    """The trainer hard-clips with advantage.clip (GroupAdvantage) and builds the loss with the same
+    advantage_clip; the official layout clips inside the loss only. All give the same loss and gradient, bit for
+    bit: clamping clipped advantages to the same bound again changes nothing."""
     model, traj = flow_setup
     model = perturb(model)
     traj["advantage"] = traj["advantage"] * 4.0  # [4, -4, 12, -2]: one sample beyond the clip
@@ -270,6 +271,9 @@ def test_flow_grpo_advantage_clip_in_the_loss_equals_clipping_the_advantages_fir
     before = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=None)(clipped)
     (grad_before,) = torch.autograd.grad(before["loss_objective"], [next(model.parameters())])
     assert torch.equal(inside["loss_objective"], before["loss_objective"]) and torch.equal(grad_inside, grad_before)
+    twice = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=5.0)(clipped)
+    (grad_twice,) = torch.autograd.grad(twice["loss_objective"], [next(model.parameters())])
+    assert torch.equal(twice["loss_objective"], inside["loss_objective"]) and torch.equal(grad_twice, grad_inside)
     unclipped = FlowGRPOLoss(model, clip_range=0.2, advantage_clip=None)(traj)
     assert not torch.equal(unclipped["loss_objective"], inside["loss_objective"]), "the clip must matter here"
 
