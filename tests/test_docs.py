@@ -92,3 +92,13 @@ def test_every_path_the_docs_cite_exists():
             if not (ROOT / path.rstrip("/")).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_module_the_docs_run_exists():
+    """`python -m vgrpo_lib...` in the pages names a module that is installed (moved scripts must be re-pointed)."""
+    missing = []
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        for module in sorted(set(re.findall(r"python -m (vgrpo_lib(?:\.[a-z_0-9]+)+)", page.read_text()))):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{page.relative_to(ROOT)}: {module}")
+    assert not missing, "modules the docs run that do not exist:\n" + "\n".join(missing)
