@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vgrpo_lib.algorithms.config import (
-    ALGORITHMS, ScheduleConfig, TrainConfig, _expected, _field_types, _walk, key_users,
+    ALGORITHMS, TrainConfig, _expected, _field_types, _walk, key_users,
 )
 from vgrpo_lib.algorithms.step_control import SCHEDULES
 
