@@ -41,7 +41,10 @@ class KeyInfo:
 
 
 def _allowed(key: str, f: dataclasses.Field, tp) -> str:
-    """The allowed values of a field as text: its choices, its rule, a bool's or a schedule's forms."""
+    """The allowed values of a field as text: its choices, its rule, a bool's or a schedule's forms (``algo``: the
+    algorithms, read from the sections after the dataclass is built)."""
+    if key == "algo":
+        return " | ".join(ALGORITHMS)
     if f.metadata.get("choices"):
         return " | ".join(f.metadata["choices"])
     if f.metadata.get("rule") is not None:
