@@ -15,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+# Scripts that take tens of seconds on a loaded two-core machine (a trainer run, a diffusers pipeline, torchrun);
+# the rest take seconds. `-m "not slow"` leaves these out; CI runs everything.
+SLOW_EXAMPLES = {"custom_task.py", "hub_lora_export.py", "torchrun_scale_out.py", "property_tests_own_estimator.py"}
 SCRIPT_TIMEOUT_S = 600  # generous: a loaded two-core machine; the scripts take seconds to a minute alone
 DOCS_MODULES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
 PLACEHOLDER = re.compile(r"\.\.\.|(?<![A-Za-z])(TASK|DIR|OUT|NAME|FOLDER|SEED|ALGO|PRESET)(?![A-Za-z])")  # patterns
@@ -34,6 +37,7 @@ def _ci_test_command() -> str:
     return commands[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(MISSING_DOCS_MODULES),
                     reason=f"the docs extra is not installed (missing {MISSING_DOCS_MODULES}): "
                            "pip install -e '.[docs]'; CI installs it")
@@ -53,7 +57,8 @@ def test_the_site_builds_with_strict_and_generates_its_reference_pages(tmp_path)
         assert script.name in tutorials, f"docs/examples/{script.name} has no tutorial page embedding it"
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=[path.name for path in EXAMPLES])
+@pytest.mark.parametrize("script", [pytest.param(path, marks=[pytest.mark.slow] if path.name in SLOW_EXAMPLES else [])
+                                    for path in EXAMPLES], ids=[path.name for path in EXAMPLES])
 def test_every_tutorial_script_runs(script):
     pythonpath = os.pathsep.join(filter(None, [str(ROOT / "docs" / "examples"), os.environ.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
