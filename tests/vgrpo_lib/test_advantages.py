@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from vgrpo_lib import GroupAdvantage, group_advantage, group_statistics
 from vgrpo_lib.advantages import SCALES
+from vgrpo_lib.testing.strategies import reward_batches
 
 FAST = settings(max_examples=40, deadline=None)
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
@@ -20,29 +21,11 @@ finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
 grid = st.integers(-4000, 4000).map(lambda i: i / 4)
 
 
-@st.composite
-def grouped_rewards(draw, min_groups=1, max_groups=4, min_size=2, max_size=6, values=finite):
-    """(reward float64 [B], group [B]) with every group of size >= 2, groups interleaved, labels arbitrary."""
-    num_groups = draw(st.integers(min_groups, max_groups))
-    labels = draw(st.lists(st.integers(-100, 100), min_size=num_groups, max_size=num_groups, unique=True))
-    sizes = [draw(st.integers(min_size, max_size)) for _ in labels]
-    group = [label for label, size in zip(labels, sizes) for _ in range(size)]
-    # Some groups constant, some with ties (drawn from a small set), some generic.
-    reward = []
-    for size in sizes:
-        kind = draw(st.sampled_from(["generic", "constant", "ties"]))
-        if kind == "constant":
-            reward += [draw(values)] * size
-        elif kind == "ties":
-            pool = draw(st.lists(values, min_size=2, max_size=2))
-            reward += [draw(st.sampled_from(pool)) for _ in range(size)]
-        else:
-            reward += [draw(values) for _ in range(size)]
-    perm = draw(st.permutations(range(len(group))))
-    return (
-        torch.tensor([reward[i] for i in perm], dtype=torch.float64),
-        torch.tensor([group[i] for i in perm]),
-    )
+def grouped_rewards(min_groups=1, max_groups=4, min_size=2, max_size=6, values=finite):
+    """(reward float64 [B], group [B]) with every group of size >= 2, groups interleaved, labels arbitrary; some
+    groups constant, some with ties, some generic: the library's own strategy (vgrpo_lib.testing.strategies)."""
+    return reward_batches(dtype=torch.float64, values=values, min_groups=min_groups, max_groups=max_groups,
+                          min_size=min_size, max_size=max_size)
 
 
 def _group_members(group):

@@ -3,7 +3,8 @@
 Needs hypothesis (the ``test`` extra: ``pip install 'vgrpo-lib[test]'``). Each strategy draws valid inputs:
 
 - :func:`group_ids`: prompt-group ids ``(B,)`` with chosen group sizes (arbitrary integer labels, shuffled);
-- :func:`reward_batches`: ``(reward, group)`` with finite rewards ``(B,)`` (or ``(B, R)``), some groups constant;
+- :func:`reward_batches`: ``(reward, group)`` with finite rewards ``(B,)`` (or ``(B, R)``), groups generic, constant
+  or tied;
 - :func:`sample_batches`: a TensorDict ``(B,)`` with ``"sample"`` ``(B, *D)``, ``"group"`` and ``"cond"``;
 - :func:`estimator_configs` / :func:`estimators`: ``ELBOSurrogate`` keyword arguments (``num_pairs``,
   ``timesteps``, ``sharing``, ``weighting``, ``noise``) from the core's registries, and the estimators themselves.
@@ -53,22 +54,26 @@ def group_ids(draw, min_groups: int = 1, max_groups: int = 4, min_size: int = 2,
 
 @st.composite
 def reward_batches(draw, num_rewards: int | None = None, dtype: torch.dtype = torch.float32,
-                   scale: float = 10.0, **group_options) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(reward, group)``: finite rewards ``(B,)`` (``(B, num_rewards)`` when given) in ``[-scale, scale]`` with
-    ``group`` from :func:`group_ids` (``group_options``); some groups are drawn constant (their advantages must be
-    exactly 0)."""
+                   values: st.SearchStrategy[float] | None = None, **group_options) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(reward, group)``: finite rewards ``(B,)`` (``(B, num_rewards)`` when given) in ``dtype`` with ``group``
+    from :func:`group_ids` (``group_options``). Each group's rewards are drawn generic, constant (its advantages
+    must be exactly 0) or tied (each member picks one of two values). ``values``: the strategy of one reward
+    (default: float32-representable floats in [-10, 10]; a coarse grid such as ``st.integers(-4000, 4000).map(lambda
+    i: i / 4)`` keeps group sums exact)."""
+    if values is None:
+        values = st.floats(-10, 10, allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32)
     group = draw(group_ids(**group_options))
-    shape = (group.shape[0],) if num_rewards is None else (group.shape[0], num_rewards)
-    values = st.floats(-scale, scale, allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32)
-    reward = torch.tensor(draw(st.lists(values, min_size=shape[0], max_size=shape[0]))
-                          if num_rewards is None else
-                          draw(st.lists(st.lists(values, min_size=num_rewards, max_size=num_rewards),
-                                        min_size=shape[0], max_size=shape[0])), dtype=dtype)
+    width = 1 if num_rewards is None else num_rewards
+    row = lambda: [draw(values) for _ in range(width)]  # noqa: E731
+    reward = torch.empty(group.shape[0], width, dtype=torch.float64)
     for label in torch.unique(group).tolist():
-        if draw(st.booleans()):
-            members = group == label
-            reward[members] = reward[members][:1].clone()
-    return reward, group
+        members = (group == label).nonzero().flatten().tolist()
+        kind = draw(st.sampled_from(["generic", "constant", "ties"]))
+        pool = [row()] if kind == "constant" else [row(), row()] if kind == "ties" else None
+        for member in members:
+            reward[member] = torch.tensor(row() if pool is None else draw(st.sampled_from(pool)), dtype=torch.float64)
+    reward = reward.to(dtype)
+    return (reward[:, 0] if num_rewards is None else reward), group
 
 
 @st.composite
