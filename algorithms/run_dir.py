@@ -7,14 +7,16 @@
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
     (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same)
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
-    RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id
+    RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id, and what
+                                          made it: the resolved config, its SHA-256, algo, task, library version
     RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see vgrpo_lib.algorithms.run_logging)
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
 moment leaves either the old or the new version; a run removes the temporary files of killed writes when it
 starts. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its bytes
 have the manifest's SHA-256 and its run_id is the run's: a damaged or unverifiable one is reported by name and the
-previous one used, a checkpoint of another run is refused. Checkpoints hold only tensors and plain Python values
+previous one used, a checkpoint of another run is refused. A resume whose config differs from the one that made
+the checkpoint in any key but :data:`RESUME_MAY_CHANGE` is refused naming the keys. Checkpoints hold only tensors and plain Python values
 and are read back with ``torch.load(weights_only=True)``.
 
 The lock (:meth:`RunDir.lock`) is an ``fcntl.flock`` on ``.lock``: the kernel releases it when its process dies,
@@ -42,18 +44,23 @@ from typing import NamedTuple
 
 import torch
 
+from vgrpo_lib import __version__
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
 from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
-__all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
+__all__ = ["RESUME_MAY_CHANGE", "RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
 COMPRESSED_SUFFIX = ".gz"
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
 LOCK_NAME = ".lock"
+# The config keys a resume may change (config.json edited between runs): none of them changes what is trained.
+# A larger `iterations` continues the run; checkpoints, evaluations (own seeded streams) and the logger backend
+# only decide what is recorded when. Every other key must be what made the checkpoint.
+RESUME_MAY_CHANGE = ("iterations", "checkpoint_every", "eval.every", "log.backend")
 
 
 def rows_to_csv(rows: list[dict]) -> str:
@@ -134,6 +141,45 @@ def _read_json(path: Path, what: str):
         return json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DamagedFileError(f"{path} ({what}) is not valid JSON: {error}.") from error
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """``{"section.key": value}`` of a nested config dict."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def config_differences(recorded: dict, current: dict) -> list[str]:
+    """The keys (``section.key``) whose values differ between two configs (dicts as ``config.json`` holds them),
+    except :data:`RESUME_MAY_CHANGE`, each as "key (recorded -> current)", "key (added)" or "key (dropped)"; a
+    section one of them lacks (another algorithm's) is named once."""
+    old, new = _flat(recorded), _flat(current)
+    differences = []
+    for key in sorted(old.keys() | new.keys()):
+        if key in RESUME_MAY_CHANGE or old.get(key) == new.get(key):
+            continue
+        if key in old and key in new:
+            differences.append(f"{key} ({old[key]!r} -> {new[key]!r})")
+        else:  # a key of a section one config lacks is named by its section, once
+            section = key.split(".")[0]
+            whole = section if section not in (recorded if key in new else current) else key
+            entry = f"{whole} ({'dropped' if key in old else 'added'})"
+            if entry not in differences:
+                differences.append(entry)
+    return differences
+
+
+def made_by(config: TrainConfig) -> dict:
+    """What a checkpoint's manifest records of the run that made it: the resolved config, its SHA-256, the
+    algorithm, the task and the library version."""
+    text = config.to_json()
+    return {"config": json.loads(text), "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "algo": config.algo, "task": config.task, "library_version": __version__}
 
 
 def new_run_id() -> str:
@@ -390,15 +436,16 @@ class RunDir:
         """Existing checkpoints, oldest first."""
         return sorted(self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt"))
 
-    def save_checkpoint(self, iteration: int, state: dict, run_id: str) -> Path:
-        """Write ``state`` (with ``run_id``) as checkpoint ``iteration``: its manifest first, then the checkpoint,
-        then the checkpoints beyond the newest ``KEEP_CHECKPOINTS`` are deleted."""
+    def save_checkpoint(self, iteration: int, state: dict, run_id: str, config: TrainConfig | None = None) -> Path:
+        """Write ``state`` (with ``run_id``) as checkpoint ``iteration``: its manifest first (with :func:`made_by`
+        ``config``, which a resume checks), then the checkpoint, then the checkpoints beyond the newest
+        ``KEEP_CHECKPOINTS`` are deleted."""
         buffer = io.BytesIO()
         torch.save({**state, "run_id": run_id}, buffer)
         data = buffer.getvalue()
         path = self.checkpoints / f"{CHECKPOINT_PREFIX}{iteration:06d}.pt"
         manifest = {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
-                    "iteration": iteration, "run_id": run_id}
+                    "iteration": iteration, "run_id": run_id, **({} if config is None else made_by(config))}
         atomic_write_text(path.with_suffix(".json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         atomic_write_bytes(path, data)
         for old in self.checkpoint_paths()[:-KEEP_CHECKPOINTS]:
@@ -427,6 +474,28 @@ class RunDir:
         if problems:
             raise RunDirError(f"{self.checkpoints} has no usable checkpoint ({'; '.join(problems)}).")
         return None
+
+    def check_resume_config(self, path: Path, config: TrainConfig) -> None:
+        """Raise :class:`RunDirError` naming the keys when ``config`` (``config.json`` now) differs from the config
+        that made checkpoint ``path`` in any key but :data:`RESUME_MAY_CHANGE`, or asks for fewer iterations than
+        it has; warn when another library version made it, or when its manifest records no config (older)."""
+        manifest = _read_json(path.with_suffix(".json"), "a checkpoint manifest")
+        if not isinstance(manifest.get("config"), dict):
+            warnings.warn(f"{path.with_suffix('.json')} records no config (written by an older vgrpo-lib): "
+                          f"{self.config_path} cannot be checked against it.")
+            return
+        changed = config_differences(manifest["config"], json.loads(config.to_json()))
+        if changed:
+            raise RunDirError(f"{self.config_path} differs from the config that made {path} in "
+                              f"{', '.join(changed)}: a resume continues the same run, and only "
+                              f"{', '.join(RESUME_MAY_CHANGE)} may change; put the keys back or start a new run "
+                              f"in another --out.")
+        if config.iterations < manifest["iteration"]:
+            raise RunDirError(f"{self.config_path} asks for iterations={config.iterations}, but {path} is already "
+                              f"at iteration {manifest['iteration']}; a resume may only raise iterations.")
+        if manifest.get("library_version") != __version__:
+            warnings.warn(f"{path} was made by vgrpo-lib {manifest.get('library_version')}, this is {__version__}: "
+                          f"the resumed run may not continue bitwise.")
 
     def load_checkpoint(self, path: Path, run_id: str) -> dict:
         """Checkpoint ``path`` verified against its manifest and ``run_id`` (:class:`DamagedFileError` or

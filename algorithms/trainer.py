@@ -122,7 +122,8 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir: str | Path, *, task: TaskProtocol | None = None, progress: bool = True) -> Trainer:
         """Continue the run in ``run_dir`` from its newest intact checkpoint of this run (taking its lock), or from
-        iteration 0 when it was stopped before its first checkpoint. ``task``: the task object the run was started
+        iteration 0 when it was stopped before its first checkpoint. A ``config.json`` edited since the checkpoint
+        is refused naming the keys, except :data:`~vgrpo_lib.algorithms.run_dir.RESUME_MAY_CHANGE`. ``task``: the task object the run was started
         with (``Trainer(..., task=obj)``); without it the saved ``config.task`` (a name or import path) is built."""
         run = RunDir(run_dir)
         config = run.train_config()
@@ -139,6 +140,7 @@ class Trainer:
                 warnings.warn(f"{run.root} has no checkpoint yet (stopped before the first): restarting it from "
                               f"iteration 0.")
             else:
+                decided_by_main(lambda: trainer.run.check_resume_config(found, trainer.config))
                 trainer._load_state(trainer.run.load_checkpoint(found, trainer.run_id))
         except BaseException:
             trainer.run.unlock()
@@ -305,7 +307,7 @@ class Trainer:
                 if last or self.iteration == until or self.iteration % c.checkpoint_every == 0:
                     state = self._state()  # on every rank: gathering FSDP2 shards is a collective
                     if main:
-                        self.run.save_checkpoint(self.iteration, state, self.run_id)
+                        self.run.save_checkpoint(self.iteration, state, self.run_id, c)
                     barrier()  # no rank goes on (and may resume from it) before the checkpoint is complete
                 bar.update(1)
         return self.evaluations

@@ -220,7 +220,7 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_from_iteration_zero(
     straight = Trainer(config, tmp_path / "straight", progress=False)
     straight.train()
 
-    def killed(self, iteration, state, run_id):
+    def killed(self, iteration, state, run_id, config=None):
         raise KeyboardInterrupt  # the process dies before its first checkpoint
 
     with monkeypatch.context() as patch:
