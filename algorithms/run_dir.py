@@ -13,7 +13,8 @@
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
 moment leaves either the old or the new version; a run removes the temporary files of killed writes when it
-starts. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its bytes
+starts: only names of its own temporary files (:func:`~vgrpo_lib.integrations.atomic.is_temp_name`), so a user's
+``.draft.tmp`` is never deleted. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its bytes
 have the manifest's SHA-256 and its run_id is the run's: a damaged or unverifiable one is reported by name and the
 previous one used, a checkpoint of another run is refused. A resume whose config differs from the one that made
 the checkpoint in any key but :data:`RESUME_MAY_CHANGE` is refused naming the keys. Checkpoints hold only tensors and plain Python values
@@ -23,7 +24,9 @@ The lock (:meth:`RunDir.lock`) is an ``fcntl.flock`` on ``.lock``: the kernel re
 so the lock of a killed run is never in the way (its leftover "pid host" line is reported as stale and replaced).
 A run that ends (finished, or stopped by an error it raised) removes its lock file, while still holding it; a
 process that takes a lock checks, under the flock, that ``.lock`` is still the file it locked, so a lock file
-removed under a waiting process is never held twice.
+removed under a waiting process is never held twice. ``.lock`` is never opened through a symlink; one that is a
+symlink, not a regular file, or holds anything but an empty file or a "pid P host H" line is refused with
+:class:`RunDirError`, untouched.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
+import stat
 import uuid
 import warnings
 import zlib
@@ -47,7 +52,7 @@ import torch
 from vgrpo_lib import __version__
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
-from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text
+from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text, is_temp_name
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = ["RESUME_MAY_CHANGE", "RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
@@ -57,6 +62,7 @@ COMPRESSED_SUFFIX = ".gz"
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
 LOCK_NAME = ".lock"
+_LOCK_TEXT = re.compile(r"pid \d+ host \S*\n?")  # what a run writes into its lock file
 # The config keys a resume may change (config.json edited between runs): none of them changes what is trained.
 # A larger `iterations` continues the run; checkpoints, evaluations (own seeded streams) and the logger backend
 # only decide what is recorded when. Every other key must be what made the checkpoint.
@@ -214,16 +220,48 @@ class RunDir:
         """"pid P host H" of the live process holding the lock, or None when no process holds it (nothing is
         written: the lock file is only opened for reading)."""
         try:
-            handle = open(self.lock_path)
+            handle = self._open_lock_file(os.O_RDONLY)
         except FileNotFoundError:
             return None
         with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return handle.read().strip() or "a process that has not written its pid yet"
+                return self._lock_text(handle) or "a process that has not written its pid yet"
             fcntl.flock(handle, fcntl.LOCK_UN)
+            self._lock_text(handle)  # a file that is not a run's lock is refused now, before anything is written
         return None
+
+    def _open_lock_file(self, flags: int):
+        """``.lock`` opened (binary) with ``flags``, never through a symlink; :class:`RunDirError` when it is a
+        symlink or not a regular file (FileNotFoundError when it does not exist)."""
+        try:
+            fd = os.open(self.lock_path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise
+        except OSError as error:  # ELOOP: a symlink; EISDIR: a directory
+            raise self._not_a_lock_error(os.strerror(error.errno)) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise self._not_a_lock_error("not a regular file")
+        return os.fdopen(fd, "r+b" if flags & os.O_RDWR else "rb")
+
+    def _not_a_lock_error(self, what: str) -> RunDirError:
+        return RunDirError(f"{self.lock_path} is not a run's lock file ({what}); it is left untouched: remove it "
+                           f"if it is yours to remove, or choose another --out.")
+
+    def _lock_text(self, handle) -> str:
+        """The "pid P host H" line of an open lock file ("" when empty); :class:`RunDirError` for anything else."""
+        handle.seek(0)
+        data = handle.read(4096)
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and (text == "" or _LOCK_TEXT.fullmatch(text)):
+            return text.strip()
+        raise self._not_a_lock_error(f"it holds {len(data)}{'+' if len(data) == 4096 else ''} bytes that are not "
+                                     f"'pid P host H'")
 
     def _in_use_error(self, holder: str) -> RunDirInUse:
         return RunDirInUse(f"{self.root} is in use by another run ({holder}, lock file {self.lock_path}); "
@@ -249,7 +287,7 @@ class RunDir:
 
     def _ours(self, path: Path) -> bool:
         """The lock file, and temporary files of killed writes: what a run killed before its config leaves."""
-        return path.name == LOCK_NAME or path.match(TEMP_GLOB)
+        return path.name == LOCK_NAME or is_temp_name(path.name)
 
     def lock(self) -> None:
         """Take the run's exclusive lock for this process (until :meth:`unlock` or the process's death), writing
@@ -258,8 +296,11 @@ class RunDir:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         handle, created = self._open_locked()
-        handle.seek(0)
-        stale = handle.read().strip()
+        try:
+            stale = self._lock_text(handle)  # anything but a run's lock line: refused, untouched
+        except RunDirError:
+            handle.close()
+            raise
         # An empty .lock that this process did not make may be anyone's file: left in place at the end.
         self._lock_file_is_ours = created or stale.startswith("pid ")
         if stale:
@@ -267,27 +308,31 @@ class RunDir:
                           f"(killed?); taking it over.")
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} host {socket.gethostname()}\n")
+        handle.write(f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
         handle.flush()
         self._lock_handle = handle
 
     def _open_locked(self):
-        """``.lock`` opened and exclusively flocked, and whether this call created it. Retried when the file was
-        removed or replaced between the open and the flock (its holder's :meth:`unlock`)."""
+        """``.lock`` opened (never through a symlink) and exclusively flocked, and whether this call created it.
+        Retried when the file was removed or replaced between the open and the flock (its holder's
+        :meth:`unlock`)."""
         while True:
             try:
-                handle, created = os.fdopen(os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), "r+"), True
-            except FileExistsError:
+                handle = os.fdopen(os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666),
+                                   "r+b")
+                created = True
+            except FileExistsError:  # also a symlink, which O_EXCL never follows
                 try:
-                    handle, created = open(self.lock_path, "r+"), False
+                    handle, created = self._open_lock_file(os.O_RDWR), False
                 except FileNotFoundError:  # removed since: try again
                     continue
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "a process that has not written its pid yet"
-                handle.close()
+                try:
+                    holder = self._lock_text(handle) or "a process that has not written its pid yet"
+                finally:
+                    handle.close()
                 raise self._in_use_error(holder) from None
             if self._is_lock_file(handle):
                 return handle, created
@@ -329,7 +374,8 @@ class RunDir:
     def remove_leftovers(self) -> list[Path]:
         """Delete the temporary files of killed writes and manifests without their checkpoint (call under the
         lock); returns what was removed."""
-        leftovers = [*self.root.glob(TEMP_GLOB), *self.checkpoints.glob(TEMP_GLOB)]
+        leftovers = [path for path in [*self.root.glob(TEMP_GLOB), *self.checkpoints.glob(TEMP_GLOB)]
+                     if is_temp_name(path.name) and path.is_file() and not path.is_symlink()]
         leftovers += [m for m in self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.json") if not m.with_suffix(".pt").exists()]
         for path in leftovers:
             path.unlink(missing_ok=True)

@@ -79,23 +79,20 @@ def test_a_lock_file_removed_under_a_waiting_process_is_never_held_twice(tmp_pat
     """The race of removing a lock file: B opens ``.lock`` while A holds it; A finishes (removes the file, releases
     it) and C takes a new ``.lock``; B's flock on the removed file succeeds, but B must see that it is not the
     folder's lock any more and find C holding the real one."""
-    import builtins
-
-    import vgrpo_lib.algorithms.run_dir as run_dir_module
-
     first, third = RunDir(tmp_path), RunDir(tmp_path)
     first.lock()
     opened = []
+    real_open = RunDir._open_lock_file
 
-    def open_then_race(path, *args, **kwargs):
-        handle = builtins.open(path, *args, **kwargs)
+    def open_then_race(self, flags):
+        handle = real_open(self, flags)
         if not opened:
-            opened.append(path)
+            opened.append(self.lock_path)
             first.unlock()  # removes the file B just opened
             third.lock()  # a new .lock, held
         return handle
 
-    monkeypatch.setattr(run_dir_module, "open", open_then_race, raising=False)
+    monkeypatch.setattr(RunDir, "_open_lock_file", open_then_race)
     with pytest.raises(RunDirInUse, match=rf"pid {os.getpid()} host "):
         RunDir(tmp_path).lock()
     assert opened and third.lock_holder() is not None
@@ -231,7 +228,7 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_from_iteration_zero(
     assert run.exists() and not run.checkpoint_paths()
     with pytest.raises(RunDirExists):  # a new run there is refused: it is this run, to resume
         Trainer(config, tmp_path / "run", progress=False)
-    leftovers = [run.root / ".metrics.csv.x1.tmp", run.checkpoints / ".iter_000003.pt.x2.tmp"]
+    leftovers = [run.root / ".metrics.csv.x1x1x1x1.vgrpo.tmp", run.checkpoints / ".iter_000003.pt.x2x2x2x2.vgrpo.tmp"]
     run.checkpoints.mkdir()
     for path in leftovers:
         path.write_bytes(b"half a write")

@@ -66,3 +66,67 @@ def test_resume_accepts_the_documented_keys_changed(tmp_path, capsys):
     _edit_config(out, iterations=2)  # fewer iterations than the checkpoint has: refused, not silently finished
     assert _resume(out) == 3
     assert "iterations" in capsys.readouterr().err
+
+
+# -- issue item 3: a run never touches a file it did not write ---------------------------------------------------
+
+
+def _one_error_line(err):
+    return err.startswith("vgrpo train: error: ") and err.count("\n") == 1
+
+
+def test_a_users_tmp_file_in_out_is_neither_deleted_nor_counted_as_fresh(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".draft.tmp").write_bytes(b"my draft")
+    assert _train(out) == 3
+    err = capsys.readouterr().err
+    assert _one_error_line(err) and ".draft.tmp" in err, err
+    assert (out / ".draft.tmp").read_bytes() == b"my draft" and sorted(p.name for p in out.iterdir()) == [".draft.tmp"]
+    # In a run's own folder, a resume removes the leftovers of its killed writes, and only those.
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    (run / ".notes.tmp").write_bytes(b"mine")
+    (run / "checkpoints" / ".iter_000001.pt.abc.tmp").write_bytes(b"mine too")
+    leftover = run / ".metrics.csv.x1x1x1x1.vgrpo.tmp"
+    leftover.write_bytes(b"half a write")
+    _edit_config(run, iterations=3)
+    assert _resume(run) == 0
+    assert not leftover.exists()
+    assert (run / ".notes.tmp").read_bytes() == b"mine"
+    assert (run / "checkpoints" / ".iter_000001.pt.abc.tmp").read_bytes() == b"mine too"
+
+
+def _lock_kinds(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"line one\nline two\n")
+    return {
+        "symlink": lambda lock: lock.symlink_to(target),
+        "dangling symlink": lambda lock: lock.symlink_to(tmp_path / "nowhere"),
+        "directory": lambda lock: lock.mkdir(),
+        "text": lambda lock: lock.write_bytes(b"my shopping list\n"),
+        "non-UTF-8": lambda lock: lock.write_bytes(b"\xff\xfe\x00garbage"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "directory", "text", "non-UTF-8"])
+def test_a_lock_that_is_not_a_runs_lock_file_is_one_line_and_left_untouched(tmp_path, capsys, kind):
+    make = _lock_kinds(tmp_path)[kind]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    make(fresh / ".lock")
+    run = tmp_path / "run"
+    assert _train(run, "iterations=1") == 0
+    make(run / ".lock")
+    capsys.readouterr()
+    snapshot = {p: (p.is_symlink(), p.is_dir() or p.read_bytes() if p.exists() else None)
+                for p in (fresh / ".lock", run / ".lock", tmp_path / "precious.txt")}
+    for command in (lambda: _train(fresh), lambda: _resume(run)):
+        assert command() == 3
+        err = capsys.readouterr().err
+        assert _one_error_line(err) and ".lock is not a run's lock file" in err, err
+        assert "line one" not in err
+    for path, (link, content) in snapshot.items():
+        assert (path.is_symlink(), path.is_dir() or path.read_bytes() if path.exists() else None) == (link, content)
+    assert (tmp_path / "precious.txt").read_bytes() == b"line one\nline two\n"
+    assert sorted(p.name for p in fresh.iterdir()) == [".lock"]
