@@ -11,14 +11,15 @@
                                           made it: the resolved config, its SHA-256, algo, task, library version
     RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see vgrpo_lib.algorithms.run_logging)
 
-Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any
-moment leaves either the old or the new version; a run removes the temporary files of killed writes when it
-starts: only names of its own temporary files (:func:`~vgrpo_lib.integrations.atomic.is_temp_name`), so a user's
-``.draft.tmp`` is never deleted. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its bytes
-have the manifest's SHA-256 and its run_id is the run's: a damaged or unverifiable one is reported by name and the
-previous one used, a checkpoint of another run is refused. A resume whose config differs from the one that made
-the checkpoint in any key but :data:`RESUME_MAY_CHANGE` is refused naming the keys. Checkpoints hold only tensors and plain Python values
-and are read back with ``torch.load(weights_only=True)``.
+Every file is written to a temporary name in the same folder and renamed into place, so a run killed at any moment
+leaves either the old or the new version; a run removes the temporary files of killed writes when it starts: only
+names of its own temporary files (:func:`~vgrpo_lib.integrations.atomic.is_temp_name`), so a user's ``.draft.tmp``
+is never deleted. A checkpoint's manifest is written before the checkpoint, and a checkpoint is used only when its
+bytes have the manifest's SHA-256 and its run_id is the run's: a damaged or unverifiable one (its bytes, or a
+manifest whose run_id, iteration or config is not the checkpoint's) is reported by name and the previous one used;
+an intact checkpoint of another run is refused. A resume whose config differs from the one that made the checkpoint
+in any key but :data:`RESUME_MAY_CHANGE` is refused naming the keys. Checkpoints hold only tensors and plain Python
+values and are read back with ``torch.load(weights_only=True)``.
 
 The lock (:meth:`RunDir.lock`) is an ``fcntl.flock`` on ``.lock``: the kernel releases it when its process dies,
 so the lock of a killed run is never in the way (its leftover "pid host" line is reported as stale and replaced).
@@ -550,11 +551,8 @@ class RunDir:
         if not manifest_path.exists():
             raise DamagedFileError(f"its manifest {manifest_path.name} is missing, so it cannot be verified")
         manifest = _read_json(manifest_path, "a checkpoint manifest")
-        if not isinstance(manifest, dict) or not {"sha256", "run_id"} <= manifest.keys():
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str):
             raise DamagedFileError(f"its manifest {manifest_path.name} is damaged")
-        if manifest["run_id"] != run_id:
-            raise RunDirError(f"Checkpoint {path} belongs to run {manifest['run_id']}, not to this folder's run "
-                              f"{run_id} (config.json): the folder mixes two runs; refusing to resume it.")
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             raise DamagedFileError(f"its SHA-256 is not the one in {manifest_path.name} ({len(data)} bytes, "
@@ -563,6 +561,17 @@ class RunDir:
             state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as error:  # intact bytes that torch cannot read (not a checkpoint of this format)
             raise DamagedFileError(f"torch cannot read it ({type(error).__name__}: {error})") from error
-        if not isinstance(state, dict) or "iteration" not in state or state.get("run_id") != run_id:
+        if not isinstance(state, dict) or "iteration" not in state:
+            raise DamagedFileError("it is not a training checkpoint")
+        if state.get("run_id") == manifest.get("run_id") != run_id:  # intact, and of another run
+            raise RunDirError(f"Checkpoint {path} belongs to run {manifest['run_id']}, not to this folder's run "
+                              f"{run_id} (config.json): the folder mixes two runs; refusing to resume it.")
+        if state.get("run_id") != run_id:
             raise DamagedFileError("it is not a training checkpoint of this run")
+        config = manifest.get("config")
+        config_intact = config is None or (isinstance(config, dict) and manifest.get("config_sha256") == hashlib.sha256(
+            json.dumps(config, indent=2, sort_keys=True).encode()).hexdigest())
+        if manifest.get("run_id") != run_id or manifest.get("iteration") != state["iteration"] or not config_intact:
+            raise DamagedFileError(f"its manifest {manifest_path.name} is damaged (its run_id, iteration or config "
+                                   f"is not what the checkpoint holds)")
         return state

@@ -7,6 +7,7 @@ import pytest
 
 from vgrpo_lib.algorithms.cli import main as cli_main
 from vgrpo_lib.algorithms.run_dir import RESUME_MAY_CHANGE, RunDir
+from vgrpo_lib.algorithms.trainer import Trainer
 from tests.algorithms.conftest import TINY
 
 
@@ -130,3 +131,29 @@ def test_a_lock_that_is_not_a_runs_lock_file_is_one_line_and_left_untouched(tmp_
         assert (path.is_symlink(), path.is_dir() or path.read_bytes() if path.exists() else None) == (link, content)
     assert (tmp_path / "precious.txt").read_bytes() == b"line one\nline two\n"
     assert sorted(p.name for p in fresh.iterdir()) == [".lock"]
+
+
+# -- issue item 4: a damaged manifest is a damaged checkpoint ----------------------------------------------------
+
+
+def _flip(text):
+    return text[:-1] + ("0" if text[-1] != "0" else "1")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda m: m | {"run_id": _flip(m["run_id"])},
+    lambda m: m | {"run_id": None},
+    lambda m: {k: v for k, v in m.items() if k != "run_id"},
+    lambda m: m | {"iteration": 7},
+    lambda m: m | {"config": m["config"] | {"seed": 5}},
+], ids=["run_id flipped", "run_id null", "run_id missing", "iteration", "config"])
+def test_a_damaged_manifest_is_reported_and_the_previous_checkpoint_used(tiny_config, tmp_path, damage):
+    out = tmp_path / "run"
+    Trainer(tiny_config("vgrpo"), out, progress=False).train()
+    path = out / "checkpoints" / "iter_000002.json"
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    with pytest.warns(UserWarning, match=r"iter_000002.pt could not be loaded: its manifest iter_000002.json is damaged"):
+        resumed = Trainer.resume(out, progress=False)
+    assert resumed.iteration == 1
+    resumed.train()
+    assert [p.name for p in RunDir(out).checkpoint_paths()] == ["iter_000001.pt", "iter_000002.pt"]
