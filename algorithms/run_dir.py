@@ -480,8 +480,10 @@ class RunDir:
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def checkpoint_paths(self) -> list[Path]:
-        """Existing checkpoints, oldest first."""
-        return sorted(self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt"))
+        """Existing checkpoints, oldest first: ordered by their iteration, not as text (``iter_1000000.pt`` is newer
+        than ``iter_999999.pt``); a name that is not ``iter_<digits>.pt`` is not a checkpoint."""
+        found = [(path.stem[len(CHECKPOINT_PREFIX):], path) for path in self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt")]
+        return [path for _, path in sorted((int(n), p) for n, p in found if n.isascii() and n.isdigit())]
 
     def save_checkpoint(self, iteration: int, state: dict, run_id: str, config: TrainConfig | None = None) -> Path:
         """Write ``state`` (with ``run_id``) as checkpoint ``iteration``: its manifest first (with :func:`made_by`
