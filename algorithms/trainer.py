@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
+from vgrpo_lib.algorithms.errors import DamagedFileError
 from vgrpo_lib.algorithms.costs import PhaseClock
 from vgrpo_lib.algorithms.evaluation import evaluate_policy
 from vgrpo_lib.algorithms.gradient_steps import GradientSteps
@@ -163,6 +165,9 @@ class Trainer:
             "rng": rng_state(),
             "counters": dict(self.counters),
             "step_control": self.control.state_dict(),
+            # The rows of metrics.csv and eval.jsonl so far, as JSON text: a resume takes them from here, not from
+            # files a user may have cut short or deleted.
+            "records": json.dumps({"metrics": self.metrics, "evaluations": self.evaluations}, default=float),
             **({} if self.ema is None else {"ema": self.ema.state_dict()}),
         }
 
@@ -177,8 +182,30 @@ class Trainer:
         self.control.load_state_dict(state.get("step_control", {}))
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
-        self.metrics = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < self.iteration]
-        self.evaluations = [e for e in self.run.read_jsonl("eval.jsonl") if e["iteration"] <= self.iteration]
+        if "records" in state:  # a garbled table is still refused by name; a cut or deleted one is rewritten
+            self.run.read_rows("metrics.csv"), self.run.read_jsonl("eval.jsonl")
+            records = json.loads(state["records"])
+            self.metrics, self.evaluations = records["metrics"], records["evaluations"]
+        else:  # a checkpoint of an older vgrpo-lib: the run's files must hold every row before it
+            self.metrics = self._metrics_rows_before(self.iteration)
+            self.evaluations = [e for e in self.run.read_jsonl("eval.jsonl") if e["iteration"] <= self.iteration]
+
+    def _metrics_rows_before(self, iteration: int) -> list[dict]:
+        """The rows of ``metrics.csv`` for iterations 0 .. ``iteration`` - 1, each complete; a
+        :class:`DamagedFileError` naming the file when a row is cut short or missing."""
+        path = self.run.root / "metrics.csv"
+        rows = [row for row in self.run.read_rows("metrics.csv") if row["iteration"] < iteration]
+        for line, row in enumerate(rows, start=2):
+            if None in row.values():
+                raise DamagedFileError(f"{path} is damaged: line {line} has fewer cells than the header, and the "
+                                       f"checkpoint (of an older vgrpo-lib) holds no copy of the rows.")
+        missing = sorted(set(range(iteration)) - {row["iteration"] for row in rows})
+        if missing or len(rows) != iteration:
+            shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+            what = f"holds no row of iterations {shown}" if missing else "repeats an iteration's row"
+            raise DamagedFileError(f"{path} {what} before the checkpoint at {iteration}, which (of an older "
+                                   f"vgrpo-lib) holds no copy of the rows.")
+        return rows
 
     # -- one iteration -----------------------------------------------------------------------------------
 

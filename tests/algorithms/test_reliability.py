@@ -3,6 +3,8 @@ run, resume exact in every random stream, divergence reported as such, and one l
 
 import errno
 import gzip
+import hashlib
+import io
 import json
 import os
 import random
@@ -25,6 +27,20 @@ TIMING = ("_s", "train_seconds")
 
 def _strip(rows):
     return [{k: v for k, v in r.items() if not k.endswith(TIMING)} for r in rows]
+
+
+def without_their_records(run: RunDir) -> None:
+    """Rewrite the run's checkpoints (and manifests) as an older vgrpo-lib wrote them: without the record of the
+    metrics rows and evaluations."""
+    for path in run.checkpoint_paths():
+        state = torch.load(path, weights_only=True)
+        del state["records"]
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        path.write_bytes(buffer.getvalue())
+        manifest = json.loads(path.with_suffix(".json").read_text())
+        manifest |= {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "bytes": len(buffer.getvalue())}
+        path.with_suffix(".json").write_text(json.dumps(manifest))
 
 
 def _cli_train(out, *overrides):
@@ -290,6 +306,7 @@ def test_the_base_column_is_not_the_trained_one_when_eval_jsonl_is_gone(tmp_path
     newest = run.checkpoint_paths()[-1]
     newest.unlink()  # so that --resume has an iteration left to train
     newest.with_suffix(".json").unlink()
+    without_their_records(run)  # as an older vgrpo-lib wrote them: eval.jsonl alone holds the evaluations
     (run.root / "eval.jsonl").unlink()
     assert cli_main(["train", "--out", str(run.root), "--resume"]) == 0
     out = capsys.readouterr().out

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from vgrpo_lib.algorithms.cli import main as cli_main
-from vgrpo_lib.algorithms.run_dir import RESUME_MAY_CHANGE, RunDir
+from vgrpo_lib.algorithms.run_dir import RESUME_MAY_CHANGE, RunDir, read_csv
 from vgrpo_lib.algorithms.trainer import Trainer
 from tests.algorithms.conftest import TINY
+from tests.algorithms.test_reliability import without_their_records
 
 
 def _train(out, *overrides):
@@ -172,3 +173,72 @@ def test_checkpoints_past_iteration_999999_are_ordered_by_their_iteration(tmp_pa
     run.save_checkpoint(10_000_000, {"iteration": 10_000_000}, run_id)
     assert [p.name for p in run.checkpoint_paths()] == ["iter_1000001.pt", "iter_10000000.pt"]
     assert (run.checkpoints / "iter_notes.pt").exists()
+
+
+# -- issue item 10: a resume loses no metrics row ----------------------------------------------------------------
+
+
+def _cut_last_row(run):
+    lines = (run / "metrics.csv").read_text().splitlines()
+    lines[-1] = ",".join(lines[-1].split(",")[:-3])
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def _delete_table(run):
+    (run / "metrics.csv").unlink()
+
+
+def _empty_beside_its_gz(run):
+    RunDir(run).compress_tables()
+    (run / "metrics.csv").write_text("")
+
+
+@pytest.mark.parametrize("damage", [_cut_last_row, _delete_table, _empty_beside_its_gz])
+def test_metrics_rows_come_back_from_the_checkpoint(tmp_path, damage):
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    before = read_csv(run / "metrics.csv")
+    damage(run)
+    _edit_config(run, iterations=3)
+    assert _resume(run) == 0
+    after = read_csv(run / "metrics.csv")
+    assert [row["iteration"] for row in after] == [0, 1, 2]
+    assert after[:2] == before and len(after[2]) == len(before[1])
+    assert not (run / "metrics.csv.gz").exists() or read_csv(run / "metrics.csv.gz") == after
+
+
+def test_without_the_checkpoints_record_a_resume_refuses_naming_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    without_their_records(RunDir(run))
+    _cut_last_row(run)
+    _edit_config(run, iterations=3)
+    capsys.readouterr()
+    assert _resume(run) == 4
+    err = capsys.readouterr().err
+    assert _one_error_line(err) and f"{run / 'metrics.csv'}" in err and "line 3" in err, err
+    _delete_table(run)
+    assert _resume(run) == 4
+    assert "metrics.csv holds no row of iterations 0, 1" in capsys.readouterr().err
+
+
+# -- issue item 12: TorchRL's CSV scalars hold each step once after a resume ---------------------------------------
+
+
+def _scalar_steps(run):
+    logs = sorted((run / "logs").rglob("*.csv"))
+    assert logs
+    return {path.relative_to(run).as_posix(): [int(line.split(",")[0]) for line in path.read_text().splitlines()]
+            for path in logs}
+
+
+@pytest.mark.parametrize("kept", [1, 0])
+def test_csv_scalar_logs_hold_each_step_once_after_a_resume(tmp_path, kept):
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    for out in (straight, run):
+        assert _train(out, "eval.every=1", "log.backend=csv") == 0
+    for path in RunDir(run).checkpoint_paths()[kept:]:  # the killed run logged past its newest checkpoint
+        path.unlink()
+    assert _resume(run) == 0
+    assert _scalar_steps(run) == _scalar_steps(straight)
+    assert _scalar_steps(run)["logs/run/scalars/eval/reward_mean.csv"] == [0, 1, 2]
