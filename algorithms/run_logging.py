@@ -5,6 +5,10 @@
     logger.image("eval/samples", png, step)      # a sample grid PNG, as an image (wandb)
     logger.close()                               # flush; a later call opens the experiment again
 
+A run that continues from a checkpoint passes ``resume_step`` (its iteration): the CSV backend's scalar files
+(``logs/run/scalars/**.csv``, which TorchRL appends to) lose the rows a killed run logged after that step before
+anything is logged, so every step appears once (all rows go when it is 0: the run starts over).
+
 ``auto``: TensorBoard when installed, else CSV; ``tensorboard``, ``csv`` or ``wandb`` (Weights & Biases, whose
 run id is the run's, so a resumed run continues its wandb run; ``WANDB_MODE=offline`` keeps it on this machine).
 The experiment is opened at the first log, so nothing is written by a trainer that never logs. Sample grids are
@@ -16,6 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from vgrpo_lib.extras import missing_packages, require_extra
+from vgrpo_lib.integrations.atomic import atomic_write_text
+
+__all__ = ["LOG_BACKENDS", "RunLogger", "drop_csv_steps_after", "make_logger", "resolve_backend"]
 
 LOG_BACKENDS = ("auto", "tensorboard", "csv", "wandb")
 
@@ -45,6 +52,23 @@ def make_logger(backend: str, log_dir: Path, run_id: str, project: str | None = 
     return CSVLogger(exp_name="run", log_dir=str(log_dir))
 
 
+def drop_csv_steps_after(log_dir: Path, step: int) -> None:
+    """Rewrite each scalar file ``step,value`` of TorchRL's CSV logger under ``log_dir`` without the rows after
+    ``step`` (every row when ``step`` is 0) and without a torn last line (atomically, only files that change)."""
+    for path in sorted(Path(log_dir).glob("*/scalars/**/*.csv")):
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        steps = [_csv_step(line) for line in lines]
+        kept = [line for line, logged in zip(lines, steps) if logged is not None and step > 0 and logged <= step]
+        if kept != lines:
+            atomic_write_text(path, "".join(kept))
+
+
+def _csv_step(line: str) -> int | None:
+    """The step of a ``step,value`` line; None for a torn or foreign line."""
+    step, _, value = line.partition(",")
+    return int(step) if step.isascii() and step.isdigit() and value.endswith("\n") else None
+
+
 class RunLogger:
     """One run's TorchRL logger, opened at its first use (see the module doc).
 
@@ -54,18 +78,23 @@ class RunLogger:
         run_id: the run's id (wandb's run id).
         project: the wandb project.
         hparams: the run's config, recorded by wandb as the run's config.
+        resume_step: the step the run continues from (its iteration): CSV scalars logged after it are dropped
+            first (all of them when 0).
     """
 
     def __init__(self, backend: str, log_dir: Path, run_id: str, project: str | None = None,
-                 hparams: dict | None = None):
+                 hparams: dict | None = None, resume_step: int = 0):
         self.backend = resolve_backend(backend)
         self.log_dir, self.run_id, self.project, self.hparams = Path(log_dir), run_id, project, hparams
+        self.resume_step = resume_step
         self._logger = None
 
     @property
     def logger(self):
         """The TorchRL logger (opened now if it is not yet)."""
         if self._logger is None:
+            if self.backend == "csv":
+                drop_csv_steps_after(self.log_dir, self.resume_step)
             self._logger = make_logger(self.backend, self.log_dir, self.run_id, self.project)
             if self.backend == "wandb" and self.hparams is not None:
                 self._logger.log_hparams(self.hparams)

@@ -299,7 +299,8 @@ class Trainer:
         c = self.config
         until = c.iterations if until is None else min(until, c.iterations)
         self._take_lock()
-        self.logger = RunLogger(c.log.backend, self.run.root / "logs", self.run_id, c.log.project, c.to_dict())
+        self.logger = RunLogger(c.log.backend, self.run.root / "logs", self.run_id, c.log.project, c.to_dict(),
+                                resume_step=self.iteration)
         try:
             return self._train(until, self.shard.is_main, self.shard.is_main or is_sharded(self.policy))
         finally:
