@@ -6,7 +6,8 @@
     RUN_DIR/eval.csv               one row per evaluation (held-out seeds, CFG-free)
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
     (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same)
-    RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, run_id (newest two kept)
+    RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, the metrics rows and
+                                          evaluations so far, run_id (the newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id, and what
                                           made it: the resolved config, its SHA-256, algo, task, library version
     RUN_DIR/reward.png, samples_iter_NNNNNN.png, logs/ (TorchRL logger: log.backend, see vgrpo_lib.algorithms.run_logging)
