@@ -10,7 +10,7 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
   samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task;
 - ``official-mnist-sd3``: ``OFFICIAL`` on the shipped MNIST-SD3 pipeline at its preset's scale (``PIPELINES``).
 
-The README's fidelity table lists each official setting, where it was read and what stands for it here.
+The fidelity tables of docs/concepts/baselines.md list each official setting, where it was read and what stands for it here.
 The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
 need ``model.prompts=FILE``); elsewhere they fail with a clear message (see :func:`vgrpo_lib.algorithms.tasks.load_task`).
 """

@@ -1,5 +1,5 @@
-"""Seconds per iteration of the three main jobs and their per-phase split (the README's "One V-GRPO iteration of the
-preset costs ..." sentence): means over iterations, the first two left out (warm-up).
+"""Seconds per iteration of the three main jobs and their per-phase split (the sentence "One V-GRPO iteration of
+the preset costs ..." of docs/results/mnist-sd3.md): means over iterations, the first two left out (warm-up).
 
     python -m vgrpo_lib.benchmarks.analysis.main_job_phases > results/mnist-sd3/phases.txt
 """

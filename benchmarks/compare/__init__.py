@@ -28,7 +28,7 @@ time to target is read off the training-reward curve smoothed over ``SMOOTHING``
 ``DIR/protocol.json``, ``DIR/summary.json``, ``DIR/summary.md``, reward plots against wall-clock, NFE and gradient
 steps with seed bands, and each run's directory. KL terms to the base policy are off for every algorithm and
 Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
-cores are compared; the other official settings are on (``--preset official``, README "Fidelity"). Run again
+cores are compared; the other official settings are on (``--preset official``, docs/concepts/baselines.md). Run again
 with the same ``DIR``, an interrupted comparison continues: finished runs are read back from their tables (no
 checkpoint needed), a cut one resumes from its newest checkpoint (:func:`start_or_resume`).
 

@@ -57,7 +57,7 @@ VARIANTS: dict[str, Variant] = {
                                      "flow_grpo.window_shift_interval=10")),
     # Official: one gradient step per rollout (GenEval, PickScore), two minibatches for OCR.
     "diffusion_nft": Variant("diffusion_nft", ("diffusion_nft.ref_kl_coef=none",)),
-    # The peers (README "The closest peers"), each at its official settings with the base-policy KL off.
+    # The peers (docs/concepts/peers.md), each at its official settings with the base-policy KL off.
     # FPO: its paper's several steps per rollout are the PPO epochs (two_epochs, clip 0.05).
     "fpo": Variant("fpo"),
     # AWM: official one on-policy step; its KL to the soft-updated copy is its own step control and stays on.
