@@ -69,3 +69,30 @@ def test_the_version_has_one_source():
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "vgrpo_lib.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", vgrpo_lib.__version__)
+
+
+def test_every_core_module_declares_its_public_names():
+    """Every public module of the core has an ``__all__`` whose names exist, and it lists every public class and
+    function the module defines (so a new one cannot slip out of the documented API)."""
+    for info in pkgutil.iter_modules(vgrpo_lib.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vgrpo_lib.{info.name}")
+        assert hasattr(module, "__all__"), f"vgrpo_lib.{info.name} has no __all__"
+        assert all(hasattr(module, name) for name in module.__all__), info.name
+        defined = {name for name, obj in vars(module).items()
+                   if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+                   and obj.__module__ == module.__name__}
+        assert defined <= set(module.__all__), f"vgrpo_lib.{info.name}: not in __all__: {sorted(defined - set(module.__all__))}"
+
+
+def test_the_samplers_type_the_model_contract():
+    import typing
+
+    from vgrpo_lib import protocols, samplers
+
+    for sampler in (samplers.sample_euler, samplers.sample_heun, samplers.sample_dpmpp_2m, samplers.sample_ode,
+                    samplers.sample_sde):
+        hints = typing.get_type_hints(sampler)
+        assert hints["model"] is protocols.VelocityModel, sampler.__name__
+        assert "cond" in hints, sampler.__name__

@@ -29,6 +29,11 @@ from vgrpo_lib._checks import (
 )
 from vgrpo_lib.objectives import soft_clip as soft_clip_fn
 
+__all__ = [
+    "SCALES", "MULTI_REWARD", "Groups", "make_groups", "normalize_rewards", "group_statistics", "group_advantage",
+    "GroupAdvantage",
+]
+
 SCALES = ("group", "batch", "none", "rank", "trimmed")
 MULTI_REWARD = ("normalize_then_sum", "sum_then_normalize")
 

@@ -42,6 +42,8 @@ from vgrpo_lib.protocols import VelocityModel
 from vgrpo_lib.timesteps import TimestepSampler, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
 
+__all__ = ["SHARING_SCOPES", "NOISE_SCHEMES", "NoisedPairs", "repeat_rows", "ELBOSurrogate"]
+
 SHARING_SCOPES = ("none", "group", "batch")
 NOISE_SCHEMES = ("independent", "antithetic")
 

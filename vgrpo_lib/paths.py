@@ -18,6 +18,8 @@ import torch
 
 from vgrpo_lib._checks import choose
 
+__all__ = ["Path", "RectifiedFlow", "CosineVP", "PATHS", "make_path"]
+
 
 def _expand_time(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Reshape ``t`` of shape ``like.shape[:t.ndim]`` to broadcast over the data dimensions of ``like``."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose
 from vgrpo_lib.paths import Path, make_path
+from vgrpo_lib.protocols import Condition, VelocityModel
 from vgrpo_lib.sde import check_noise_level, gaussian_log_prob, step_mean_std
 
 Callback = Callable[[dict], None] | None
@@ -73,7 +74,9 @@ def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
     return model(z, _times(z, t), cond)
 
 
-def sample_euler(model, noise: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+def sample_euler(
+    model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
+) -> torch.Tensor:
     """First-order ODE solver ``z <- z + (t_next - t) v`` from ``z = noise`` ``[B, *D]`` at ``grid[0]``; returns
     the state at ``grid[-1]`` ``[B, *D]``."""
     grid = _check_grid(grid)
@@ -87,7 +90,9 @@ def sample_euler(model, noise: torch.Tensor, grid: Sequence[float], cond=None, c
     return z
 
 
-def sample_heun(model, noise: torch.Tensor, grid: Sequence[float], cond=None, callback: Callback = None) -> torch.Tensor:
+def sample_heun(
+    model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
+) -> torch.Tensor:
     """Heun's second-order method (trapezoidal correction with a second model call per step), ``[B, *D]`` ->
     ``[B, *D]`` as :func:`sample_euler`."""
     grid = _check_grid(grid)
@@ -111,10 +116,10 @@ def _half_log_snr(a: float, b: float) -> float:
 
 
 def sample_dpmpp_2m(
-    model,
+    model: VelocityModel,
     noise: torch.Tensor,
     grid: Sequence[float],
-    cond=None,
+    cond: Condition = None,
     callback: Callback = None,
     path: str | Path = "rectified_flow",
 ) -> torch.Tensor:
@@ -152,7 +157,12 @@ ODE_SOLVERS = {"euler": sample_euler, "heun": sample_heun, "dpmpp_2m": sample_dp
 
 
 def sample_ode(
-    model, noise: torch.Tensor, grid: Sequence[float], cond=None, method: str = "euler", callback: Callback = None
+    model: VelocityModel,
+    noise: torch.Tensor,
+    grid: Sequence[float],
+    cond: Condition = None,
+    method: str = "euler",
+    callback: Callback = None,
 ) -> torch.Tensor:
     """Integrate the probability-flow ODE from ``noise`` ``[B, *D]`` at ``grid[0]`` to ``grid[-1]`` with a named
     solver (``"euler"``, ``"heun"``, ``"dpmpp_2m"``); returns ``[B, *D]``."""
@@ -166,10 +176,10 @@ def nfe_per_sample(method: str, num_steps: int) -> int:
 
 
 def sample_sde(
-    model,
+    model: VelocityModel,
     noise: torch.Tensor,
     grid: Sequence[float],
-    cond=None,
+    cond: Condition = None,
     *,
     noise_level: float = 0.7,
     sde_steps: Sequence[int] | None = None,

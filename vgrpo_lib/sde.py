@@ -32,6 +32,11 @@ from vgrpo_lib._checks import check_real, choose
 from vgrpo_lib.paths import _expand_time
 from vgrpo_lib.weighting import mean_over_data
 
+__all__ = [
+    "LOG_PROB_REDUCTIONS", "sde_step_mean_std", "cps_step_mean_std", "SDE_TYPES", "step_mean_std", "check_noise_level",
+    "gaussian_log_prob",
+]
+
 LOG_PROB_REDUCTIONS = ("mean", "sum")
 
 

@@ -18,6 +18,11 @@ import torch
 
 from vgrpo_lib._checks import check_positive_int, choose
 
+__all__ = [
+    "TimestepSampler", "Uniform", "LogitNormal", "Shifted", "DiscreteGrid", "GridSubset", "PiecewiseDensity",
+    "variance_optimal_density", "shift_time", "TIMESTEP_SAMPLERS", "make_timestep_sampler",
+]
+
 
 class TimestepSampler:
     """Base class: ``stratified`` switches between i.i.d. and one-per-stratum uniforms."""

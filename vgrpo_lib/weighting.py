@@ -29,6 +29,11 @@ import torch
 from vgrpo_lib._checks import choose
 from vgrpo_lib.paths import Path
 
+__all__ = [
+    "ADAPTIVE_FLOOR", "mean_over_data", "eps_loss", "v_loss", "x_loss", "adaptive_x_loss", "ghuber_loss", "elbo_loss",
+    "WEIGHTINGS", "make_weighting",
+]
+
 ADAPTIVE_FLOOR = 1e-5
 
 
