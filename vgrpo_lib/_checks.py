@@ -109,12 +109,16 @@ def check_same_device(name: str, tensor: torch.Tensor, other_name: str, other: t
         raise ValueError(f"{name} is on {tensor.device} but {other_name} is on {other.device}; move them to one device.")
 
 
+SELF_CASTING_FLAGS = ("casts_inputs", "moves_inputs")  # attributes by which a model says it casts its own inputs
+
+
 def check_model_dtype(model, name: str, tensor: torch.Tensor) -> None:
     """Raise a TypeError naming both dtypes when ``tensor`` (an input of ``model``) is floating and its dtype is not
     that of the model's floating parameters (torch's own error comes from deep inside the forward). Skipped under
     autocast, for a model that is not an ``nn.Module`` or has no floating parameter, and for one that declares
+    ``casts_inputs = True`` (it casts its inputs to its own dtype, as the diffusers velocity adapters) or
     ``moves_inputs = True`` (it casts and moves its inputs itself, as the diffusers ``LoRAPolicy``)."""
-    if not isinstance(model, torch.nn.Module) or getattr(model, "moves_inputs", False):
+    if not isinstance(model, torch.nn.Module) or any(getattr(model, flag, False) for flag in SELF_CASTING_FLAGS):
         return
     if not tensor.is_floating_point() or torch.is_autocast_enabled(tensor.device.type):
         return

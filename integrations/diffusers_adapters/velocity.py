@@ -38,6 +38,8 @@ class FlowTransformerAdapter(nn.Module):
     fp32 latents from the sampler.
     """
 
+    casts_inputs = True  # the core's dtype check (a float64 sample with a float32 model) leaves it to the cast above
+
     def __init__(self, transformer: nn.Module, autocast_dtype: torch.dtype | None = None):
         super().__init__()
         self.transformer = transformer

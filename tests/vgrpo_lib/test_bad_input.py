@@ -427,6 +427,26 @@ def test_a_float64_sample_with_a_float32_model_is_named_as_a_dtype_mismatch(batc
     assert torch.isfinite(est(model.double(), sample, cond, pairs)).all(), "a float64 model takes float64 samples"
 
 
+class _CastsInputs(torch.nn.Module):
+    """A model that casts its inputs to its own dtype (as the diffusers velocity adapters declare)."""
+
+    casts_inputs = True
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x_t, t, cond):
+        return self.inner(x_t.float(), t.float(), cond.float()).to(x_t.dtype)
+
+
+def test_a_model_that_casts_its_inputs_takes_a_sample_of_another_dtype(batches):
+    model, est, vgrpo, _, _ = batches
+    sample, cond = vgrpo["sample"].double(), vgrpo["cond"].double()
+    pairs = est.sample_pairs(sample)
+    assert est(_CastsInputs(model), sample, cond, pairs).dtype == torch.float64
+
+
 def _double(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.double() if tensor.is_floating_point() else tensor
 
