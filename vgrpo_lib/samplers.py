@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose
+from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose, renamed_keywords
 from vgrpo_lib.paths import Path, make_path
 from vgrpo_lib.protocols import Condition, VelocityModel
 from vgrpo_lib.sde import check_noise_level, gaussian_log_prob, step_mean_std
@@ -74,6 +74,7 @@ def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
     return model(z, _times(z, t), cond)
 
 
+@renamed_keywords(z="noise")
 def sample_euler(
     model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
 ) -> torch.Tensor:
@@ -90,6 +91,7 @@ def sample_euler(
     return z
 
 
+@renamed_keywords(z="noise")
 def sample_heun(
     model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
 ) -> torch.Tensor:
@@ -115,6 +117,7 @@ def _half_log_snr(a: float, b: float) -> float:
     return math.log(a / b)
 
 
+@renamed_keywords(z="noise")
 def sample_dpmpp_2m(
     model: VelocityModel,
     noise: torch.Tensor,
@@ -156,6 +159,7 @@ def sample_dpmpp_2m(
 ODE_SOLVERS = {"euler": sample_euler, "heun": sample_heun, "dpmpp_2m": sample_dpmpp_2m}
 
 
+@renamed_keywords(z="noise")
 def sample_ode(
     model: VelocityModel,
     noise: torch.Tensor,
@@ -175,6 +179,7 @@ def nfe_per_sample(method: str, num_steps: int) -> int:
     return 2 * num_steps if choose("ODE solver", method, ODE_SOLVERS) == "heun" else num_steps
 
 
+@renamed_keywords(z="noise")
 def sample_sde(
     model: VelocityModel,
     noise: torch.Tensor,

@@ -494,3 +494,14 @@ def test_old_keywords_of_the_objectives_answer_with_their_new_names():
     with pytest.raises(TypeError, match="nft_optimality\\(\\) got the old keyword adv_max=; it is now advantage_max="):
         nft_optimality(advantage, adv_max=5.0)
     assert nft_optimality(advantage, advantage_max=5.0).tolist() == pytest.approx([0.6] * 3)
+
+
+@pytest.mark.parametrize("sampler", [sample_euler, sample_heun, sample_dpmpp_2m, sample_ode, sample_sde],
+                         ids=lambda sampler: sampler.__name__)
+def test_the_samplers_old_first_keyword_answers_with_its_new_name(sampler):
+    def model(x_t, t, cond):
+        return x_t
+
+    with pytest.raises(TypeError, match=f"^{sampler.__name__}\\(\\) got the old keyword z=; it is now noise="):
+        sampler(model, z=torch.zeros(2, 3), grid=time_grid(2))
+    assert sampler(model, noise=torch.zeros(2, 3), grid=time_grid(2)) is not None
