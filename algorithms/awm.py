@@ -23,6 +23,8 @@ from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import AWMLoss
 from vgrpo_lib.timesteps import DiscreteGrid
 
+__all__ = ["AWM"]
+
 
 class AWM(Algorithm):
     """AWM from ``config.awm``: an ODE rollout and :class:`AWMLoss` on fresh pairs each step, with its soft-updated

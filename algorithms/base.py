@@ -26,6 +26,8 @@ from vgrpo_lib.algorithms.policies import Policies
 from vgrpo_lib.integrations.distributed import Shard
 from vgrpo_lib.samplers import nfe_per_sample, sample_ode
 
+__all__ = ["Algorithm"]
+
 
 class Algorithm:
     """Base class. Subclasses set ``name`` and ``loss_module`` and override what differs."""

@@ -48,6 +48,11 @@ from vgrpo_lib.integrations.distributed import init_from_env
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 from vgrpo_lib.extras import MissingExtraError
 
+__all__ = [
+    "run_folders", "EVALUATION_TABLE_KEYS", "print_evaluation_table", "task_help", "Command", "make_parser", "run",
+    "expected_error", "main",
+]
+
 
 def _train(args) -> int:
     if args.resume and (args.overrides or args.task or args.algo_given):

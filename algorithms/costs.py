@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+__all__ = ["ITERATION_PHASES", "PhaseClock"]
+
 # The metrics columns of a training iteration's phases, in order, as :class:`vgrpo_lib.algorithms.trainer.Trainer` marks them,
 # and the whole iteration's.
 ITERATION_PHASES = ("rollout_s", "reward_s", "prepare_s", "update_s", "iteration_s")

@@ -21,6 +21,8 @@ from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import DiffusionNFTLoss
 from vgrpo_lib.timesteps import GridSubset
 
+__all__ = ["DiffusionNFT"]
+
 
 class DiffusionNFT(Algorithm):
     """DiffusionNFT from ``config.diffusion_nft``: the old policy's ODE rollout, fresh timestep-noise pairs every

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import errno
 
+__all__ = [
+    "FILESYSTEM_ERRNOS", "UsageError", "RunDirError", "RunDirInUse", "RunDirExists", "DamagedFileError",
+    "DivergenceError", "filesystem_message",
+]
+
 EXIT_USAGE, EXIT_RUN_DIR, EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_TRAINING = 2, 3, 4, 5, 6
 
 # OSErrors that describe the machine, not a bug: reported as one line naming the file.

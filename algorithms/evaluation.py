@@ -21,6 +21,8 @@ from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.algorithms.rng import isolated_rng
 from vgrpo_lib.algorithms.scoring import check_finite_images
 
+__all__ = ["evaluate_policy"]
+
 
 @torch.no_grad()
 def evaluate_policy(task, policy: nn.Module, config: EvalConfig, iteration: int, ema: WeightEMA | None = None,

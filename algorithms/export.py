@@ -27,6 +27,8 @@ from vgrpo_lib.integrations.atomic import plain_file_mode
 from vgrpo_lib.integrations.tasks import task_description
 from vgrpo_lib import __version__
 
+__all__ = ["ExportDirExists", "load_run_policy", "export_run", "model_card"]
+
 
 class ExportDirExists(RunDirError, FileExistsError):
     """``--out`` already holds files (an export never overwrites; exit code 3)."""

@@ -25,6 +25,8 @@ from vgrpo_lib.control import SDEWindow
 from vgrpo_lib.losses import FlowGRPOLoss
 from vgrpo_lib.samplers import classifier_free_guidance, sample_sde
 
+__all__ = ["FlowGRPO"]
+
 
 class FlowGRPO(Algorithm):
     """Flow-GRPO from ``config.flow_grpo``: the recording SDE rollout (MixGRPO: a sliding window), one training row

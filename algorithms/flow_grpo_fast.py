@@ -20,6 +20,8 @@ import torch
 
 from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
 
+__all__ = ["FlowGRPOFast"]
+
 
 class FlowGRPOFast(FlowGRPO):
     """Flow-GRPO-Fast from ``config.flow_grpo`` and ``config.flow_grpo_fast``: SDE and training on a window of

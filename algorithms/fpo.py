@@ -22,6 +22,8 @@ from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 from vgrpo_lib.timesteps import DiscreteGrid
 
+__all__ = ["FPO"]
+
 
 class FPO(VGRPO):
     """FPO from ``config.fpo``: V-GRPO's machinery with independent pairs and the CFM loss (see the module

@@ -25,6 +25,8 @@ from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.integrations.distributed import all_finite, all_reduce_metrics, full_tensor
 from vgrpo_lib.control import exceeds_kl
 
+__all__ = ["global_means", "GradientSteps"]
+
 
 def global_means(outputs: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """The mean over steps of each logged value, combined over processes (identical on every rank).

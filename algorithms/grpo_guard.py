@@ -16,6 +16,8 @@ from __future__ import annotations
 from vgrpo_lib.algorithms.flow_grpo import FlowGRPO
 from vgrpo_lib.losses import GRPOGuardLoss
 
+__all__ = ["GRPOGuard"]
+
 
 class GRPOGuard(FlowGRPO):
     """GRPO-Guard from ``config.flow_grpo``: Flow-GRPO with the normalised per-step log-ratio (see the module

@@ -12,6 +12,8 @@ from torch import nn
 from vgrpo_lib.integrations.distributed import gradient_sync, metric_extreme
 from vgrpo_lib.losses import total_loss
 
+__all__ = ["accumulate_gradients"]
+
 
 def accumulate_gradients(loss: Callable[[TensorDictBase, torch.Generator], TensorDictBase], policy: nn.Module,
                          minibatch: TensorDictBase, micro_batch_size: int | None, generator: torch.Generator,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
+__all__ = ["run_figure", "plot_run"]
+
 
 def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str]):
     """The figure of :func:`plot_run` (``metrics``: metrics.csv rows; ``evaluations``: eval rows; metric -> label)."""

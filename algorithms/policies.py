@@ -28,6 +28,8 @@ from torch import nn
 from vgrpo_lib.integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
 from vgrpo_lib.control import EMAWarmupDecay, ema_update_
 
+__all__ = ["BehaviourPolicy", "CopiedBehaviour", "make_behaviour", "Policies", "WeightEMA"]
+
 
 class BehaviourPolicy(Protocol):
     """A frozen velocity model ``(x_t, t, cond) -> v`` that follows the trained policy by soft updates."""

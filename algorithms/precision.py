@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["autocast"]
+
 
 def autocast(device_type: str, precision: str):
     """bf16 autocast on ``device_type`` for ``precision="bfloat16"``; a disabled (no-op) context for float32."""

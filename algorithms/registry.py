@@ -11,6 +11,8 @@ from vgrpo_lib.algorithms.fpo import FPO
 from vgrpo_lib.algorithms.grpo_guard import GRPOGuard
 from vgrpo_lib.algorithms.vgrpo import VGRPO
 
+__all__ = ["ALGORITHM_CLASSES"]
+
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (VGRPO, FlowGRPO, DiffusionNFT, FPO, AWM, GRPOGuard, FlowGRPOFast)
 }

@@ -57,7 +57,10 @@ from vgrpo_lib.algorithms.errors import DamagedFileError, RunDirError, RunDirExi
 from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text, is_temp_name
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
-__all__ = ["RESUME_MAY_CHANGE", "RunDir", "atomic_write_bytes", "atomic_write_text", "pyplot", "read_csv", "rows_to_csv", "save_figure"]
+__all__ = [
+    "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
+    "compressed_path", "config_differences", "made_by", "new_run_id", "pyplot", "read_csv", "rows_to_csv", "save_figure",
+]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
 COMPRESSED_SUFFIX = ".gz"

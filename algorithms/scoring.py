@@ -19,6 +19,8 @@ import torch
 from vgrpo_lib.algorithms.errors import DivergenceError
 from vgrpo_lib.advantages import group_statistics
 
+__all__ = ["RewardError", "check_reward", "reward_parts", "call_reward", "reward_statistics", "check_finite_images"]
+
 
 class RewardError(ValueError):
     """A reward function returned something unusable."""

@@ -18,6 +18,8 @@ from vgrpo_lib.algorithms.policies import Policies, make_behaviour
 from vgrpo_lib.algorithms.tasks import repeat_each
 from vgrpo_lib.integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
 
+__all__ = ["check_split", "build_policies", "local_prompts"]
+
 
 def check_split(config: TrainConfig, shard: Shard) -> None:
     """ValueError unless the prompt groups (and ``optim.minibatch_size``) divide over the processes."""

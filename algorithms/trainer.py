@@ -55,6 +55,8 @@ from vgrpo_lib.integrations.distributed import (
 )
 from vgrpo_lib.advantages import GroupAdvantage
 
+__all__ = ["task_label", "Trainer"]
+
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
 

@@ -20,6 +20,8 @@ from vgrpo_lib.batches import vgrpo_batch
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 
+__all__ = ["VGRPO"]
+
 
 class VGRPO(Algorithm):
     """V-GRPO from ``config.vgrpo``: an ODE rollout, K stored pairs per sample and :class:`VGRPOLoss` (see the

@@ -28,6 +28,11 @@ from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
 
+__all__ = [
+    "NAIVE", "BASE", "MARGIN", "PAPER_SET", "REGIME_CELLS", "run_cell", "verdict", "run_ablations", "reverdict",
+    "markdown",
+]
+
 NAIVE = ["vgrpo.sharing=none", "vgrpo.timesteps=uniform", "vgrpo.weighting=v"]
 BASE = ["vgrpo.ref_kl_coef=none", "optim.lr=3e-4", "eval.every=0"]
 MARGIN = 0.2

@@ -23,6 +23,8 @@ from vgrpo_lib.algorithms.costs import ITERATION_PHASES
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
 
+__all__ = ["ITERATIONS", "QUIET_EVAL", "measure", "phase_split", "run", "main"]
+
 ITERATIONS = 4
 QUIET_EVAL = ["eval.per_prompt=1", "eval.num_steps=2", "eval.every=0"]
 

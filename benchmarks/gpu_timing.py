@@ -36,6 +36,12 @@ from tensordict import TensorDict
 
 from vgrpo_lib.extras import require_extra
 
+__all__ = [
+    "SD35_MEDIUM_TRANSFORMER", "SD35_TEXT_TOKENS", "TINY_TRANSFORMER", "TINY_TEXT_TOKENS", "H200_BF16_PEAK",
+    "PAPER_SAMPLES_PER_ITERATION", "build_model", "random_cond", "timed", "count_flops", "vgrpo_update",
+    "flow_grpo_update", "run", "print_report", "make_parser", "main",
+]
+
 # stabilityai/stable-diffusion-3.5-medium, transformer/config.json (MMDiT-X: 24 blocks of width 24 x 64 = 1536,
 # the first 13 with a second, image-only attention; RMS QK-norm; ~2.5B parameters).
 SD35_MEDIUM_TRANSFORMER = dict(

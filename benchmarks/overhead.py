@@ -21,6 +21,8 @@ from tensordict import TensorDict
 from vgrpo_lib.integrations.testbed.models import VelocityMLP
 from vgrpo_lib import ELBOSurrogate, VGRPOLoss
 
+__all__ = ["hand_written_step", "library_step", "run", "main"]
+
 BATCH, PAIRS, GROUP = 64, 4, 8
 
 

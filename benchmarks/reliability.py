@@ -29,6 +29,10 @@ import torch
 
 from vgrpo_lib.algorithms.run_dir import RunDir, read_csv
 
+__all__ = [
+    "REPO", "RUN_ARGS", "WAIT_S", "train_command", "metrics_without_timing", "run_differences", "random_kills", "main",
+]
+
 REPO = Path(__file__).resolve().parents[1]
 # The tiny testbed run of the kill tests (tests/algorithms/conftest.py TINY): 8x8 digits, 4 prompts x 4 images.
 RUN_ARGS = ["task=digits8", "iterations=8", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=6",

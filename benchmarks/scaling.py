@@ -36,6 +36,8 @@ from vgrpo_lib.integrations.distributed import shutdown
 from vgrpo_lib.integrations.testbed.checkpoints import CHECKPOINT_DIR
 from vgrpo_lib.integrations.testbed.tasks import Task, get_task
 
+__all__ = ["WARMUP", "measure", "main"]
+
 WARMUP = 1
 
 

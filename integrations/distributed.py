@@ -53,6 +53,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+__all__ = [
+    "T", "STRATEGIES", "is_initialized", "rank", "world_size", "is_main", "init_from_env", "shutdown", "shard_groups",
+    "all_gather_tensor", "broadcast_", "barrier", "decided_by_main", "all_finite", "metric_extreme",
+    "all_reduce_metrics", "is_sharded", "wrap_model", "unwrap", "shard_frozen", "gradient_sync", "model_state_dict",
+    "load_model_state_dict", "optimizer_state_dict", "load_optimizer_state_dict", "local_parameters", "full_tensor",
+    "Shard",
+]
+
 T = TypeVar("T")
 
 STRATEGIES = ("ddp", "fsdp2")

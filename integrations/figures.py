@@ -20,6 +20,8 @@ import torch
 
 from vgrpo_lib.integrations.atomic import atomic_write_bytes
 
+__all__ = ["MAX_GRID_INCHES", "pyplot", "tile", "prompt_rows", "labelled_grid", "save_figure", "write_labelled_grid"]
+
 
 MAX_GRID_INCHES = 16.0  # the tallest a labelled grid's images are drawn (30 rows: about half an inch each)
 

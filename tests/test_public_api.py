@@ -1,5 +1,6 @@
 """The public API: what ``vgrpo_lib`` exports, its version, and a docstring on every public class and function."""
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -96,3 +97,43 @@ def test_the_samplers_type_the_model_contract():
         hints = typing.get_type_hints(sampler)
         assert hints["model"] is protocols.VelocityModel, sampler.__name__
         assert "cond" in hints, sampler.__name__
+
+
+def _top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str], list[str] | None]:
+    """(every name bound at the top level, the public classes and functions defined there, ``__all__`` or None)."""
+    bound, defined, exported = set(), set(), None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            if not node.name.startswith("_"):
+                defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    bound.add(target.id)
+                    if target.id == "__all__":
+                        exported = list(ast.literal_eval(node.value))
+    return bound, defined, exported
+
+
+def test_every_module_of_every_layer_declares_its_public_names():
+    """Read from the source (no import): every public module of algorithms/, integrations/ and benchmarks/ that
+    defines a public class or function has an ``__all__`` listing each of them, and every listed name is bound."""
+    problems = []
+    for layer in ("algorithms", "integrations", "benchmarks"):
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if path.name.startswith("_") and path.name != "__init__.py":
+                continue
+            bound, defined, exported = _top_level_bindings(ast.parse(path.read_text()))
+            where = path.relative_to(ROOT)
+            if exported is None:
+                if defined:
+                    problems.append(f"{where}: no __all__")
+                continue
+            if defined - set(exported):
+                problems.append(f"{where}: not in __all__: {sorted(defined - set(exported))}")
+            if set(exported) - bound:
+                problems.append(f"{where}: __all__ names what it does not define: {sorted(set(exported) - bound)}")
+    assert not problems, "\n".join(problems)

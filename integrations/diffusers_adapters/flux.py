@@ -22,6 +22,10 @@ from tensordict import TensorDict
 
 from .velocity import FlowTransformerAdapter
 
+__all__ = [
+    "FLUX_COND_KEYS", "pack_latents", "unpack_latents", "latent_image_ids", "FluxVelocity", "encode_prompts_flux",
+]
+
 FLUX_COND_KEYS = ("prompt_embeds", "pooled_prompt_embeds")
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+__all__ = ["vae_scale_factor", "latent_shape", "decode_latents"]
+
 
 def vae_scale_factor(vae: nn.Module) -> int:
     """Pixels per latent pixel, `2 ** (len(block_out_channels) - 1)`: 8 for SD3 and FLUX."""

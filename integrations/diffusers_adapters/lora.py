@@ -30,6 +30,12 @@ from torch import nn
 
 from vgrpo_lib.extras import needs_extra
 
+__all__ = [
+    "TRAINED_ADAPTER", "BEHAVIOUR_ADAPTER", "ATTENTION_TARGET_MODULES", "add_lora", "add_behaviour_adapter",
+    "lora_parameters", "ema_adapter", "copy_adapter", "upcast_trainable_parameters", "adapters_disabled",
+    "adapter_active", "reference_policy", "behaviour_policy", "AdapterView", "AdapterBehaviour",
+]
+
 TRAINED_ADAPTER = "default"
 BEHAVIOUR_ADAPTER = "old"
 

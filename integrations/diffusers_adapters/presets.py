@@ -34,6 +34,11 @@ from .schedules import sigma_grid_from_scheduler_config
 from .sd3 import SD3Velocity, encode_prompts_sd3
 from .velocity import FlowTransformerAdapter
 
+__all__ = [
+    "SD35_MEDIUM", "FLUX1_DEV", "DiffusersPolicy", "absent_components", "load_policy", "load_sd35_medium",
+    "load_flux_dev",
+]
+
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+__all__ = ["shift_sigmas", "sd3_sigma_grid", "flux_mu", "flux_sigma_grid", "sigma_grid_from_scheduler_config"]
+
 
 def shift_sigmas(sigmas: list[float], shift: float) -> list[float]:
     """The SD3 static time shift `s -> shift s / (1 + (shift - 1) s)`; shift > 1 spends more steps near noise."""

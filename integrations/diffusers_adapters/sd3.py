@@ -17,6 +17,8 @@ from tensordict import TensorDict
 
 from .velocity import FlowTransformerAdapter
 
+__all__ = ["SD3_COND_KEYS", "SD3Velocity", "encode_prompts_sd3"]
+
 SD3_COND_KEYS = ("prompt_embeds", "pooled_prompt_embeds")
 
 

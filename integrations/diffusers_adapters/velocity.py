@@ -22,6 +22,8 @@ from tensordict import TensorDict
 
 from vgrpo_lib.samplers import classifier_free_guidance as vgrpo_classifier_free_guidance
 
+__all__ = ["FlowTransformerAdapter", "classifier_free_guidance"]
+
 
 class FlowTransformerAdapter(nn.Module):
     """Base class: a diffusers flow transformer presented as `model(x_t, t, cond) -> v`.

@@ -18,6 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+__all__ = ["Reward", "register_reward", "available_rewards", "get_reward", "MultiRewardOutput", "MultiReward"]
+
 
 class Reward(nn.Module):
     """Base class: validates the inputs, runs `score` on the reward's device, returns (B,) float32.

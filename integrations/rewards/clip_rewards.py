@@ -28,6 +28,11 @@ from .base import Reward, register_reward
 from .loading import load_config_and_processors, load_weights, resolve_local_files_only
 from .preprocess import ImagePreprocessor
 
+__all__ = [
+    "PICKSCORE_MODEL", "CLIP_H14", "CLIP_L14", "CLIPSimilarity", "PickScore", "HPSv21", "open_clip_to_transformers",
+    "CLIPScore", "ScoreMLP", "LAIONAesthetic",
+]
+
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
 CLIP_H14 = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 HPSV21_REPO, HPSV21_FILE = "xswu/HPSv2", "HPS_v2.1_compressed.pt"

@@ -45,6 +45,12 @@ import torch
 
 from .base import Reward, register_reward
 
+__all__ = [
+    "GENEVAL_TAGS", "RELATIONS", "Detection", "Detector", "ColorClassifier", "GenEvalRules", "load_geneval_metadata",
+    "box_iou", "relative_position", "select_objects", "ColorsOf", "geneval_correct", "flow_grpo_score", "geneval_table",
+    "GenEvalResult", "GenEvalReward",
+]
+
 GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 """GenEval's six categories, in the order of its results table."""
 RELATIONS = ("left of", "right of", "above", "below")

@@ -27,6 +27,8 @@ from .clip_rewards import ScoreMLP, _load_strict_params, _local_or_hub_file
 from .loading import load_config_and_processors, resolve_local_files_only
 from .preprocess import ImagePreprocessor
 
+__all__ = ["BLIP_BASE", "ImageReward", "image_reward_to_transformers"]
+
 IMAGE_REWARD_REPO, IMAGE_REWARD_FILE = "THUDM/ImageReward", "ImageReward.pt"
 BLIP_BASE = "Salesforce/blip-itm-large-coco"
 REWARD_MEAN, REWARD_STD = 0.16717362830052426, 1.0333394966054072

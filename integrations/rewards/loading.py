@@ -18,6 +18,10 @@ import torch
 
 from vgrpo_lib.extras import needs_extra
 
+__all__ = [
+    "T", "MissingWeightsError", "offline", "resolve_local_files_only", "load_weights", "load_config_and_processors",
+]
+
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["ImagePreprocessor"]
+
 
 class ImagePreprocessor(nn.Module):
     """(B, 3, H, W) in [0, 1] -> (B, 3, crop_h, crop_w) normalised pixel values.

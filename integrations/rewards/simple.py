@@ -16,6 +16,11 @@ from vgrpo_lib.extras import needs_extra
 
 from .base import Reward, register_reward
 
+__all__ = [
+    "to_uint8_hwc", "JPEGCompressibility", "quoted_text", "edit_distance", "text_similarity", "multiset_similarity",
+    "OCRReward",
+]
+
 
 def to_uint8_hwc(images: torch.Tensor):
     """(B, 3, H, W) in [0, 1] -> numpy uint8 (B, H, W, 3), the layout PIL and OCR engines expect."""

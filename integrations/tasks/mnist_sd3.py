@@ -61,9 +61,10 @@ from vgrpo_lib.integrations.testbed.mnist_sd3 import render
 from vgrpo_lib.integrations.testbed.rewards import DigitProbability
 from vgrpo_lib.integrations.testbed.tasks import get_task
 
-__all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "canvas_reading_view", "digit_reward",
-           "geneval_digits_text", "geneval_ocr_reward", "geneval_prompts", "mnist_sd3_task", "number_slots",
-           "ocr_reward"]
+__all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "PromptedDigitProbability", "canvas_reading_view",
+           "digit_metrics", "digit_reward", "geneval_category", "geneval_digits_text", "geneval_metrics",
+           "geneval_ocr_reward", "geneval_prompts", "geneval_reading_reward", "geneval_reward", "mnist_sd3_task",
+           "number_judge", "number_slots", "ocr_metrics", "ocr_reward"]
 
 GENEVAL_EVAL_PER_CATEGORY = 24
 

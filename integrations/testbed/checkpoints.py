@@ -22,6 +22,11 @@ from torch import nn
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.testbed.models import build_model
 
+__all__ = [
+    "CHECKPOINT_DIR", "POLICY_NAMES", "DETECTOR_NAMES", "FROZEN_NAMES", "CHECKPOINT_NAMES", "save_checkpoint",
+    "read_card", "load_pretrained",
+]
+
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 POLICY_NAMES = ("digit_policy", "pair_policy", "digits8_policy")

@@ -26,6 +26,11 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+__all__ = [
+    "SPLITS", "mnist_split_indices", "digits8_split_indices", "load_mnist", "load_digits8", "make_pairs",
+    "to_model_space", "to_images",
+]
+
 SPLITS = ("train", "judge", "eval", "all")
 # Fractions of each class assigned to (train, judge, eval); the eval part gets the remainder.
 _MNIST_FRACTIONS = (0.6, 0.3)  # 300 / 150 / 50 images per class

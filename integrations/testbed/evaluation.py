@@ -28,6 +28,8 @@ from vgrpo_lib.integrations.figures import pyplot, tile
 from vgrpo_lib.integrations.metrics import diversity  # noqa: F401 (evaluate's diversity; public here too)
 from vgrpo_lib.integrations.testbed.rewards import WeightedReward, slot_logits
 
+__all__ = ["evaluate", "sample_grid_png"]
+
 if TYPE_CHECKING:
     from vgrpo_lib.integrations.testbed.tasks import Task
 

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+__all__ = ["NULL_ID", "NUM_IDS", "VelocityMLP", "DigitClassifier", "JudgeClassifier", "MODEL_KINDS", "build_model"]
+
 NULL_ID = 10
 """Prompt id meaning "no prompt" (the unconditional branch of classifier-free guidance)."""
 NUM_IDS = 11  # ten digits plus the null id

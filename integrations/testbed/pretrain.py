@@ -42,6 +42,11 @@ from vgrpo_lib.integrations.testbed.sampling import sample_images
 from vgrpo_lib.integrations.testbed.tasks import get_task
 from vgrpo_lib.elbo import ELBOSurrogate
 
+__all__ = [
+    "NUM_THREADS", "random_affine", "accuracy", "train_classifier", "CLASSIFIER_RECIPES", "pretrain_classifier",
+    "flow_matching_batches", "train_policy", "policy_metrics", "POLICY_RECIPES", "pretrain_policy", "PIPELINES", "main",
+]
+
 NUM_THREADS = 2
 
 

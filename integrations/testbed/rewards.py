@@ -23,6 +23,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+__all__ = [
+    "Reward", "check_images", "split_slots", "slot_logits", "DigitProbability", "DigitCorrect", "stroke_thickness",
+    "StrokeThickness", "WeightedReward",
+]
+
 Reward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -14,6 +14,8 @@ from vgrpo_lib.integrations.testbed.data import to_images
 from vgrpo_lib.integrations.testbed.models import NULL_ID
 from vgrpo_lib.samplers import classifier_free_guidance, sample_ode, time_grid
 
+__all__ = ["null_prompts", "sample_images"]
+
 
 def null_prompts(cond: torch.Tensor) -> torch.Tensor:
     """The null ("no prompt") condition with the shape of ``cond``: every id set to ``NULL_ID``."""

@@ -39,6 +39,8 @@ from vgrpo_lib.integrations.testbed.rewards import (
 )
 from vgrpo_lib.integrations.testbed.sampling import null_prompts, sample_images
 
+__all__ = ["Task", "TASKS", "get_task"]
+
 
 @lru_cache(maxsize=None)
 def _frozen(name: str) -> nn.Module:

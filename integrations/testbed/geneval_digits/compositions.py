@@ -34,6 +34,11 @@ from vgrpo_lib.integrations.testbed.data import load_mnist
 from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS
 from vgrpo_lib.integrations.testbed.mnist_sd3.render import TINTS as MNIST_SD3_TINTS
 
+__all__ = [
+    "CANVAS", "MAX_OBJECTS", "MIN_GAP", "INK_LEVEL", "CELLS", "CELL_JITTER", "CELL_FRAME_SIZES", "FRAME_SIZES",
+    "SLOTS_OF_RELATION", "TINTS", "Compositions", "ink_boxes", "render", "compose",
+]
+
 CANVAS = 64
 MAX_OBJECTS = 4
 MIN_GAP = 2.0

@@ -29,6 +29,8 @@ from vgrpo_lib.integrations.rewards.geneval import Detection
 from vgrpo_lib.integrations.testbed.geneval_digits.compositions import TINTS
 from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS
 
+__all__ = ["STRIDE", "NUM_CLASSES", "DigitDetector", "decode", "DetectorPlugin", "crop_colors"]
+
 STRIDE = 4
 NUM_CLASSES = 10
 

@@ -39,6 +39,12 @@ from vgrpo_lib.integrations.testbed.mnist_sd3.train import (PIPELINE_DEFAULT_T5_
 from .compositions import CANVAS, compose
 from .prompts import geneval_specs
 
+__all__ = [
+    "PIPELINE_DIR", "IMAGE_SIZE", "REBUILD_COMMAND", "LAYOUT", "VAE_RECIPE", "FLOW_RECIPE", "EVAL", "VOCABULARY",
+    "build_geneval_pipeline", "composition_batches", "composition_pool", "pool_batches", "flow_stage",
+    "sample_compositions", "measure", "describe", "model_card", "pretrain_geneval_pipeline",
+]
+
 PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_sd3_geneval"
 IMAGE_SIZE = (CANVAS, CANVAS)
 REBUILD_COMMAND = "python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval"

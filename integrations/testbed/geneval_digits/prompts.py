@@ -36,6 +36,11 @@ import numpy as np
 
 from vgrpo_lib.integrations.rewards.geneval import GENEVAL_TAGS
 
+__all__ = [
+    "DIGITS", "COLORS", "COUNT_WORDS", "POSITION_PHRASES", "EVAL_FRACTION", "SPLITS", "geneval_specs",
+    "write_geneval_files", "main",
+]
+
 DIGITS = tuple(str(d) for d in range(10))
 COLORS = ("red", "green", "blue", "yellow", "white")
 COUNT_WORDS = {2: "two", 3: "three", 4: "four"}

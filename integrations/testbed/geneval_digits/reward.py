@@ -16,6 +16,8 @@ from vgrpo_lib.integrations.testbed.checkpoints import DETECTOR_NAMES, load_pret
 from vgrpo_lib.integrations.testbed.geneval_digits.detector import DetectorPlugin, crop_colors
 from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs
 
+__all__ = ["geneval_digits_scorer", "geneval_digits_reward", "geneval_digits_table"]
+
 
 def geneval_digits_scorer(detector: str = "digit_detector", partial: bool = False,
                           rules: GenEvalRules = GenEvalRules()) -> GenEvalReward:

@@ -34,6 +34,11 @@ from vgrpo_lib.integrations.testbed.geneval_digits.detector import (
 )
 from vgrpo_lib.integrations.testbed.geneval_digits.prompts import COLORS, geneval_specs
 
+__all__ = [
+    "NUM_THREADS", "RECIPES", "TRAINING", "detection_targets", "detector_loss", "random_batch", "train_detector",
+    "coco_ap50", "held_out_metrics", "build", "main",
+]
+
 NUM_THREADS = 1  # small convolutions: a second thread only adds contention on a shared 2-core machine
 RECIPES = {
     "digit_detector": dict(split="train", channels=(40, 40), dilations=(1, 2, 4, 1), seed=0),

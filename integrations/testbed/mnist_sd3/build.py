@@ -32,6 +32,12 @@ from vgrpo_lib.extras import needs_extra
 from .prompts import VOCABULARY
 from .render import DIGIT_SIZE, LATENT_CHANNELS, NUMBER_SIZE, VAE_DOWNSAMPLE
 
+__all__ = [
+    "PIPELINE_DIR", "CLIP_LENGTH", "T5_TOKENS", "SCHEDULER_SHIFT", "CLIP_L", "CLIP_G", "JOINT_ATTENTION_DIM",
+    "POOLED_DIM", "TRANSFORMER", "VAE_BLOCKS", "NULL_T5", "clip_tokenizer", "null_t5", "build_vae", "build_transformer",
+    "build_pipeline",
+]
+
 PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_sd3"
 
 CLIP_LENGTH = 12  # CLIP tokens per prompt, start and end tokens included

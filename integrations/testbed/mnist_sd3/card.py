@@ -8,6 +8,8 @@ import torch
 
 from .build import CLIP_LENGTH, SCHEDULER_SHIFT, T5_TOKENS
 
+__all__ = ["REBUILD_COMMAND", "COMPONENTS", "describe", "model_card"]
+
 REBUILD_COMMAND = "python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3"
 COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 

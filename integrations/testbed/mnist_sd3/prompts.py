@@ -24,6 +24,11 @@ from functools import lru_cache
 
 import numpy as np
 
+__all__ = [
+    "SPLITS", "DIGIT_WORDS", "DIGIT_TEMPLATES", "FORMS", "EVAL_PHRASINGS", "NUMBER_TEMPLATE", "NUMBER_RANGE",
+    "VOCABULARY", "digit_phrasings", "digit_prompts", "number_prompts", "parse_digit", "parse_number",
+]
+
 SPLITS = ("train", "eval")
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")

@@ -20,6 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+__all__ = [
+    "DIGIT_SIZE", "NUMBER_SIZE", "LATENT_CHANNELS", "VAE_DOWNSAMPLE", "MNIST_SIDE", "NUMBER_STRIDE", "TINTS",
+    "TINT_NAMES", "latent_shape", "tint", "render_digits", "render_numbers", "grey", "classifier_view", "ocr_view",
+]
+
 DIGIT_SIZE = (32, 32)  # (H, W) pixels of the digit task
 NUMBER_SIZE = (32, 96)  # (H, W) pixels of the number (OCR) task
 LATENT_CHANNELS = 4

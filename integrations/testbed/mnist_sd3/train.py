@@ -44,6 +44,14 @@ from .prompts import digit_prompts, number_prompts
 from .render import (DIGIT_SIZE, NUMBER_SIZE, TINT_NAMES, TINTS, classifier_view, ocr_view, render_digits,
                      render_numbers)
 
+__all__ = [
+    "PIPELINE_DEFAULT_T5_TOKENS", "VAE_RECIPE", "FLOW_RECIPE", "optimizer_step", "vae_batches", "reconstruction_loss",
+    "train_vae", "encode_moments", "set_latent_statistics", "decode", "round_trip_accuracy",
+    "MultiplicityAttnProcessor", "encode_text", "latent_pools", "flow_batch", "flow_stage", "train_flow",
+    "rectified_flow", "ocr_read", "sample_accuracy", "EVAL", "ocr_ceiling", "measure", "save_pipeline",
+    "pretrain_mnist_sd3",
+]
+
 PIPELINE_DEFAULT_T5_TOKENS = 256  # StableDiffusion3Pipeline's default max_sequence_length
 
 VAE_RECIPE = dict(steps=1200, batch_size=32, lr=2e-3, kl=1e-6, seed=100)
