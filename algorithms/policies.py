@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from vgrpo_lib.integrations.distributed import load_model_state_dict, local_parameters, model_state_dict, shard_frozen
+from vgrpo_lib.batches import OldPolicy
 from vgrpo_lib.control import EMAWarmupDecay, ema_update_
 
 __all__ = ["BehaviourPolicy", "CopiedBehaviour", "make_behaviour", "Policies", "WeightEMA"]
@@ -49,23 +49,15 @@ class BehaviourPolicy(Protocol):
         """Restore :meth:`state_dict`."""
 
 
-class CopiedBehaviour:
-    """A behaviour policy held as a frozen deep copy of the trained policy (made before it is wrapped).
+class CopiedBehaviour(OldPolicy):
+    """A behaviour policy held as a frozen deep copy of the trained policy (made before it is wrapped): the core's
+    :class:`vgrpo_lib.batches.OldPolicy`, made shardable and checkpointable.
 
     Under FSDP2 the copy is sharded like the trained policy, so the soft update is a local operation on
     matching shards and the state dict is gathered like the trained policy's.
     """
 
-    def __init__(self, policy: nn.Module):
-        self.source = policy
-        self.model = copy.deepcopy(policy).requires_grad_(False)
-
-    def __call__(self, x_t: torch.Tensor, t: torch.Tensor, cond) -> torch.Tensor:
-        return self.model(x_t, t, cond)
-
-    def update_(self, decay: float) -> None:
-        """``copy <- decay * copy + (1 - decay) * trained``, parameter by parameter (local shards under FSDP2)."""
-        ema_update_(local_parameters(self.model), local_parameters(self.source), decay)
+    _parameters = staticmethod(local_parameters)
 
     def shard(self, strategy: str) -> None:
         """Shard the copy like the trained policy (FSDP2); DDP keeps it whole."""

@@ -22,14 +22,13 @@ Example (Flow-GRPO in your own loop):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from vgrpo_lib._checks import check_tensor
-from vgrpo_lib.control import OldPolicyDecay, ema_update_
+from vgrpo_lib.control import ema_update_
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 
 __all__ = ["OldPolicy", "expand_steps", "flow_grpo_batch", "old_surrogate", "vgrpo_batch"]
@@ -163,31 +162,35 @@ def old_surrogate(
 class OldPolicy:
     """DiffusionNFT's old policy: a frozen deep copy of ``model`` that trails it by soft updates.
 
-        theta_old <- d theta_old + (1 - d) theta,    d = decay(gradient steps taken so far)
+        theta_old <- d theta_old + (1 - d) theta
 
-    ``decay`` is any ``step -> d`` schedule in [0, 1] (default :class:`~vgrpo_lib.control.OldPolicyDecay`, the
-    official type 1: ``min(0.001 step, 0.5)``; ``d = 0``: a hard copy). Call it like the model (it is the rollout
-    policy and the loss's ``old_model``) and :meth:`update_` once per iteration, after the gradient steps.
+    Call it like the model (it is the rollout policy and the loss's ``old_model``) and :meth:`update_` once per
+    iteration, after the gradient steps, with ``d`` from a ``step -> d`` schedule of the gradient steps taken so far
+    (DiffusionNFT's :class:`~vgrpo_lib.control.OldPolicyDecay`, official type 1: ``min(0.001 step, 0.5)``; ``d = 0``:
+    a hard copy). The trainer's DiffusionNFT and AWM hold theirs as this class too
+    (:class:`vgrpo_lib.algorithms.policies.CopiedBehaviour`, which adds sharding and checkpoints).
 
     Example:
-        >>> old = OldPolicy(model)
+        >>> old, decay = OldPolicy(model), OldPolicyDecay()
         >>> loss_module = DiffusionNFTLoss(model, old, estimator)
         >>> ...  # rollout with old, gradient steps on model
-        >>> old.update_(grad_steps)
+        >>> old.update_(decay(grad_steps))
     """
 
-    def __init__(self, model: nn.Module, decay: Callable[[int], float] | None = None):
+    def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module):
             raise TypeError(f"OldPolicy copies an nn.Module, got {type(model).__name__}.")
         self.source = model
         self.model = copy.deepcopy(model).requires_grad_(False)
-        self.decay = OldPolicyDecay() if decay is None else decay
 
     def __call__(self, x_t: torch.Tensor, t: torch.Tensor, cond=None) -> torch.Tensor:
         return self.model(x_t, t, cond)
 
-    def update_(self, grad_steps: int) -> float:
-        """Soft-update the copy toward the trained model with ``decay(grad_steps)``; returns that decay."""
-        decay = float(self.decay(grad_steps))
-        ema_update_(self.model.parameters(), self.source.parameters(), decay)
-        return decay
+    def update_(self, decay: float) -> None:
+        """``theta_old <- decay * theta_old + (1 - decay) * theta``, parameter by parameter."""
+        ema_update_(self._parameters(self.model), self._parameters(self.source), decay)
+
+    @staticmethod
+    def _parameters(model: nn.Module):
+        """The parameters the soft update pairs up (a subclass under FSDP2 pairs its local shards)."""
+        return model.parameters()

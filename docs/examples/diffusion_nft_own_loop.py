@@ -5,7 +5,7 @@ The pieces, each one call:
 
 - the old policy, :class:`vgrpo_lib.batches.OldPolicy`: a frozen copy of the model that generates the rollouts and
   trails the trained model by soft updates ``theta_old <- d theta_old + (1 - d) theta`` after each iteration, with
-  ``d`` from :class:`vgrpo_lib.OldPolicyDecay` of the gradient steps taken so far (``OldPolicy.update_``);
+  ``d`` from :class:`vgrpo_lib.OldPolicyDecay` of the gradient steps taken so far (``old.update_(d)``);
 - fresh timestep-noise pairs at every gradient step (``estimator.sample_pairs``, ``sharing="none"``);
 - :class:`vgrpo_lib.DiffusionNFTLoss` on ``sample``, ``advantage``, ``pairs``: the implicit positive and negative
   policies ``(1 -+ b) v_old +- b v_theta`` weighted by the advantage's optimality ``r``.
@@ -32,7 +32,7 @@ GROUPS, GROUP_SIZE, ITERATIONS, STEPS_PER_ITERATION = 8, 8, 30, 2
 GRID = time_grid(10)
 
 model = pretrained_ring_model()
-old = OldPolicy(model, OldPolicyDecay(rate=0.001, max_decay=0.5))  # the official type-1 decay
+old, old_decay = OldPolicy(model), OldPolicyDecay(rate=0.001, max_decay=0.5)  # the official type-1 decay
 eval_noise = torch.randn(512, 2, generator=torch.Generator().manual_seed(1))
 
 
@@ -62,7 +62,8 @@ for iteration in range(ITERATIONS):
         total_loss(out).backward()
         optimizer.step()
         grad_steps += 1
-    decay = old.update_(grad_steps)  # theta_old <- d theta_old + (1 - d) theta
+    decay = old_decay(grad_steps)
+    old.update_(decay)  # theta_old <- d theta_old + (1 - d) theta
     if iteration % 10 == 9:
         print(f"iteration {iteration + 1:>3}: reward {evaluate():.3f}  old-policy decay {decay:.3f}")
 after = evaluate()

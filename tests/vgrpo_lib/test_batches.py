@@ -127,7 +127,7 @@ def test_vgrpo_batch_feeds_the_loss_for_any_estimator(estimator, batch):
 
 def test_old_policy_is_a_frozen_copy_that_trails_the_model():
     model = MLPVelocity(data_shape=(3,))
-    old = OldPolicy(model, OldPolicyDecay(rate=0.1, max_decay=0.5))
+    old, decay = OldPolicy(model), OldPolicyDecay(rate=0.1, max_decay=0.5)
     assert all(not p.requires_grad for p in old.model.parameters())
     z, t = torch.randn(4, 3), torch.rand(4)
     torch.testing.assert_close(old(z, t), model(z, t))
@@ -135,10 +135,11 @@ def test_old_policy_is_a_frozen_copy_that_trails_the_model():
     with torch.no_grad():
         for p, q in zip(model.parameters(), perturb(model, scale=0.5).parameters()):
             p.copy_(q)
-    assert old.update_(3) == pytest.approx(0.3)  # min(0.1 * 3, 0.5)
+    assert decay(3) == pytest.approx(0.3)  # min(0.1 * 3, 0.5)
+    old.update_(decay(3))
     for p_old, p_start, p_new in zip(old.model.parameters(), start, model.parameters()):
         torch.testing.assert_close(p_old, 0.3 * p_start + 0.7 * p_new)
-    assert old.update_(0) == 0.0  # decay 0: a hard copy
+    old.update_(decay(0))  # decay 0: a hard copy
     assert all(torch.equal(p, q) for p, q in zip(old.model.parameters(), model.parameters()))
     DiffusionNFTLoss(model, old, ELBOSurrogate(2, sharing="none"), unconditional=True)(
         TensorDict({"sample": z, "advantage": torch.ones(4), "pairs": ELBOSurrogate(2, sharing="none").sample_pairs(z)},
