@@ -29,13 +29,16 @@ from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
 
 __all__ = [
-    "NAIVE", "BASE", "MARGIN", "PAPER_SET", "REGIME_CELLS", "run_cell", "verdict", "run_ablations", "reverdict",
+    "NAIVE", "BASE", "MARGIN", "EVALUATION_EXTRAS", "PAPER_SET", "REGIME_CELLS", "run_cell", "verdict", "run_ablations",
+    "reverdict",
     "markdown",
 ]
 
 NAIVE = ["vgrpo.sharing=none", "vgrpo.timesteps=uniform", "vgrpo.weighting=v"]
 BASE = ["vgrpo.ref_kl_coef=none", "optim.lr=3e-4", "eval.every=0"]
 MARGIN = 0.2
+# A cell's statistics of the last evaluation, by their names in the report: recorded where the task evaluates them.
+EVALUATION_EXTRAS = {"final_accuracy": "accuracy", "diversity": "diversity"}
 
 PAPER_SET = {
     "vgrpo": [],
@@ -74,21 +77,24 @@ REGIME_CELLS = {
 def run_cell(out: Path, name: str, overrides: list[str], seeds: int, iterations: int, *, task: str | None = None,
              preset: str = "testbed") -> dict:
     """V-GRPO at ``preset`` on ``task`` (the preset's default for None) with ``BASE`` and ``overrides``, per seed."""
-    finals, accuracies, diversities, bases = [], [], [], []
+    finals, bases, extras = [], [], {key: [] for key in EVALUATION_EXTRAS}
     for seed in range(seeds):
         config = build_config("vgrpo", task, preset, BASE + [f"iterations={iterations}", f"seed={seed}", *overrides])
         trainer = Trainer(config, out / "runs" / f"{name.replace(' ', '_')}_seed{seed}", progress=False)
         trainer.train()
         tail = [m["reward_mean"] for m in trainer.metrics[-3:]]
         finals.append(sum(tail) / len(tail))
-        accuracies.append(trainer.evaluations[-1]["accuracy"])
-        diversities.append(trainer.evaluations[-1]["diversity"])
+        for key, values in extras.items():
+            if EVALUATION_EXTRAS[key] in trainer.evaluations[-1]:
+                values.append(trainer.evaluations[-1][EVALUATION_EXTRAS[key]])
         bases.append(trainer.evaluations[0]["reward_mean"])
     stats = lambda values: {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # noqa: E731
-    result = {"final_reward": stats(finals), "final_accuracy": stats(accuracies), "diversity": stats(diversities),
-              "base_reward": statistics.mean(bases), "overrides": overrides}
-    print(f"{name:<28} final reward {result['final_reward']['mean']:.3f} +- {result['final_reward']['std']:.3f}  "
-          f"accuracy {result['final_accuracy']['mean']:.3f}", flush=True)
+    result = {"final_reward": stats(finals), "base_reward": statistics.mean(bases), "overrides": overrides}
+    # A task without an accuracy or a diversity (a user's task, e.g. a 2-D toy) has no such entry.
+    result |= {key: stats(values) for key, values in extras.items() if len(values) == seeds}
+    accuracy = f"  accuracy {result['final_accuracy']['mean']:.3f}" if "final_accuracy" in result else ""
+    print(f"{name:<28} final reward {result['final_reward']['mean']:.3f} +- {result['final_reward']['std']:.3f}"
+          f"{accuracy}", flush=True)
     return result
 
 
@@ -161,7 +167,8 @@ def markdown(report: dict) -> str:
     if report["set"] == "paper":
         lines += ["| variant | final reward | accuracy | diversity |", "|---|---|---|---|"]
         for name, cell in report["cells"].items():
-            lines.append(f"| {name} | {_pm(cell['final_reward'])} | {_pm(cell['final_accuracy'])} | {_pm(cell['diversity'])} |")
+            lines.append(f"| {name} | {_pm(cell['final_reward'])} | {_pm(cell.get('final_accuracy'))} | "
+                         f"{_pm(cell.get('diversity'))} |")
     else:
         lines += ["| cell | V-GRPO reward | naive reward | verdict |", "|---|---|---|---|"]
         for name, cell in report["cells"].items():
@@ -170,5 +177,5 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pm(stat: dict) -> str:
-    return f"{stat['mean']:.3f} ± {stat['std']:.3f}"
+def _pm(stat: dict | None) -> str:
+    return "—" if stat is None else f"{stat['mean']:.3f} ± {stat['std']:.3f}"

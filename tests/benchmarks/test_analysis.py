@@ -24,6 +24,7 @@ from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_time
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
 from vgrpo_lib.benchmarks.analysis.repeat_check import repeat_check
 from vgrpo_lib.benchmarks.analysis.table_sizes import table_sizes
+from vgrpo_lib.benchmarks.analysis.training_speed import training_speed
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -31,6 +32,7 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "first_iteration_rewards.txt": lambda: first_iteration_rewards(RESULTS),
     "heldout_selection.txt": lambda: heldout_selection(RESULTS),
     "table_sizes.txt": lambda: table_sizes(RESULTS),
+    "toy2d-regime/training_speed.txt": lambda: training_speed(RESULTS / "toy2d-regime", target=0.8),
     "mnist-sd3/phases.txt": lambda: main_job_phases(RESULTS),
     "mnist-sd3/main-geneval/geneval_table.md": lambda: geneval_table(RESULTS / "mnist-sd3" / "main-geneval"),
     "gpu-run/cpu_vs_gpu.txt": lambda: cpu_vs_gpu(RESULTS),
@@ -75,7 +77,7 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 24
+    assert len(names) == 25  # the 24 scripts results/ held, and training_speed
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
