@@ -137,3 +137,24 @@ def test_every_module_of_every_layer_declares_its_public_names():
             if set(exported) - bound:
                 problems.append(f"{where}: __all__ names what it does not define: {sorted(set(exported) - bound)}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_public_parameter_of_the_core_is_typed():
+    """Every parameter of every public function, method-less class constructor and class of the core's ``__all__``
+    carries a type hint (the samplers' ``model`` and ``cond``, a ``clip_range``, the loss terms' tensors)."""
+    untyped = []
+    for info in pkgutil.iter_modules(vgrpo_lib.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vgrpo_lib.{info.name}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            function = obj.__init__ if inspect.isclass(obj) else obj
+            if not inspect.isfunction(function) or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            for parameter in inspect.signature(inspect.unwrap(function)).parameters.values():
+                if parameter.name not in ("self", "cls") and parameter.kind not in (parameter.VAR_POSITIONAL,
+                                                                                    parameter.VAR_KEYWORD):
+                    if parameter.annotation is inspect.Parameter.empty:
+                        untyped.append(f"vgrpo_lib.{info.name}.{name}({parameter.name})")
+    assert not untyped, f"untyped public parameters: {', '.join(untyped)}"

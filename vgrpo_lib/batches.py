@@ -29,12 +29,13 @@ from torch import nn
 
 from vgrpo_lib._checks import check_tensor
 from vgrpo_lib.control import ema_update_
-from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
+from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.protocols import Condition, VelocityModel
 
 __all__ = ["OldPolicy", "expand_steps", "flow_grpo_batch", "old_surrogate", "vgrpo_batch"]
 
 
-def expand_steps(value, num_steps: int):
+def expand_steps(value: torch.Tensor | TensorDictBase, num_steps: int) -> torch.Tensor | TensorDictBase:
     """Repeat each row ``num_steps`` times along a new second dimension: ``(B, ...) -> (B, num_steps, ...)`` (a view;
     a Tensor or a TensorDict)."""
     if isinstance(value, TensorDictBase):
@@ -49,7 +50,7 @@ def _check_rows(name: str, value, rows: int) -> None:
 
 
 def flow_grpo_batch(
-    trajectory: TensorDictBase, advantage: torch.Tensor, cond=None, *, num_steps: int | None = None
+    trajectory: TensorDictBase, advantage: torch.Tensor, cond: Condition = None, *, num_steps: int | None = None
 ) -> TensorDict:
     """Flow-GRPO's training batch from :func:`~vgrpo_lib.samplers.sample_sde`'s records.
 
@@ -98,7 +99,7 @@ def flow_grpo_batch(
 def vgrpo_batch(
     estimator: ELBOSurrogate,
     sample: torch.Tensor,
-    cond,
+    cond: Condition,
     advantage: torch.Tensor,
     *,
     group: torch.Tensor | None = None,
@@ -150,7 +151,7 @@ def vgrpo_batch(
 
 @torch.no_grad()
 def old_surrogate(
-    estimator: ELBOSurrogate, behaviour: VelocityModel, sample: torch.Tensor, cond, pairs: TensorDictBase,
+    estimator: ELBOSurrogate, behaviour: VelocityModel, sample: torch.Tensor, cond: Condition, pairs: TensorDictBase,
     keep_x_pred: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The behaviour policy's entries of a V-GRPO batch, without gradient: ``"old_log_prob"`` ``(B,)`` (its

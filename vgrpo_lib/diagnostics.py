@@ -43,7 +43,8 @@ import time
 import torch
 from torch import nn
 
-from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
+from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.protocols import Condition, VelocityModel
 
 __all__ = [
     "coefficient_of_variation",
@@ -192,8 +193,9 @@ def _advantage_objective(estimator: ELBOSurrogate, model: VelocityModel, sample,
     return -(advantage * estimator(model, sample, cond, pairs)).mean()
 
 
-def policy_gradient(estimator: ELBOSurrogate, model: nn.Module, sample: torch.Tensor, cond, group: torch.Tensor | None,
-                    advantage: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def policy_gradient(estimator: ELBOSurrogate, model: nn.Module, sample: torch.Tensor, cond: Condition,
+                    group: torch.Tensor | None, advantage: torch.Tensor,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
     """One Monte-Carlo estimate of ``grad_theta -(1/N) sum_i A_i s_theta(o_i)`` (one draw of pairs, with
     ``generator``) over ``model``'s trainable parameters, flattened to ``(P,)`` float64."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -204,8 +206,8 @@ def policy_gradient(estimator: ELBOSurrogate, model: nn.Module, sample: torch.Te
     return torch.cat([g.flatten() for g in grads]).double()
 
 
-def nearby_policy(model: nn.Module, estimator: ELBOSurrogate, sample: torch.Tensor, cond, group: torch.Tensor | None,
-                  advantage: torch.Tensor, lr: float = 1e-4, seed: int = 0) -> nn.Module:
+def nearby_policy(model: nn.Module, estimator: ELBOSurrogate, sample: torch.Tensor, cond: Condition,
+                  group: torch.Tensor | None, advantage: torch.Tensor, lr: float = 1e-4, seed: int = 0) -> nn.Module:
     """A frozen copy of ``model`` after one Adam step (learning rate ``lr``) of the V-GRPO objective
     ``-(1/N) sum_i A_i s_theta(o_i)`` on one draw of pairs (seeded by ``seed``): a realistic next policy, for the
     log-ratios ``s_nearby - s_theta`` that an importance ratio sees."""
@@ -217,9 +219,9 @@ def nearby_policy(model: nn.Module, estimator: ELBOSurrogate, sample: torch.Tens
     return nearby.requires_grad_(False)
 
 
-def measure_estimator(estimator: ELBOSurrogate, model: nn.Module, sample: torch.Tensor, cond, group: torch.Tensor,
-                      advantage: torch.Tensor, *, nearby: VelocityModel, draws: int = 16, gradient_draws: int = 6,
-                      seed: int = 0) -> dict[str, float]:
+def measure_estimator(estimator: ELBOSurrogate, model: nn.Module, sample: torch.Tensor, cond: Condition,
+                      group: torch.Tensor, advantage: torch.Tensor, *, nearby: VelocityModel, draws: int = 16,
+                      gradient_draws: int = 6, seed: int = 0) -> dict[str, float]:
     """Every statistic of this module for ``estimator`` on one batch: ``sample`` ``(N, *D)``, ``cond`` (batch
     size N, or None), ``group`` ``(N,)``, ``advantage`` ``(N,)``, with ``draws`` (>= 2) draws of pairs for the
     surrogates and ``gradient_draws`` (>= 2; >= 3 for the cosine's SE) for the gradients, all from one generator

@@ -38,7 +38,7 @@ from vgrpo_lib._checks import (
 )
 from vgrpo_lib.advantages import make_groups
 from vgrpo_lib.paths import Path, make_path
-from vgrpo_lib.protocols import VelocityModel
+from vgrpo_lib.protocols import Condition, VelocityModel
 from vgrpo_lib.timesteps import TimestepSampler, make_timestep_sampler
 from vgrpo_lib.weighting import make_weighting
 
@@ -64,7 +64,7 @@ class NoisedPairs(NamedTuple):
     weight: torch.Tensor | None = None
 
 
-def repeat_rows(cond, repeats: int):
+def repeat_rows(cond: Condition, repeats: int) -> Condition:
     """Repeat each row of a Tensor / TensorDict condition ``repeats`` times (``None`` passes through)."""
     if cond is None:
         return None

@@ -6,21 +6,26 @@ Everything here is differentiable where it should be and has no hidden state; th
 
 from __future__ import annotations
 
+from typing import Union
+
 import torch
 
 from vgrpo_lib._checks import check_positive, choose, renamed_keywords
 from vgrpo_lib.weighting import mean_over_data
 
 __all__ = [
+    "ClipRange",
     "KL_ESTIMATORS", "NFT_ADVANTAGE_MODES", "clip_fraction", "clip_fraction_active", "clip_sides",
     "clipped_ratio_objective", "gaussian_kl_same_std", "guard_log_ratio", "kl_estimate", "nft_implicit_velocities",
     "nft_optimality", "ratio_diagnostics", "soft_clip", "x_space_kl",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# A ratio clip range: eps (symmetric), a (low, high) pair, or a loss module's buffer [2] holding that pair.
+ClipRange = Union[float, tuple[float, float], torch.Tensor]
 
 
-def clip_sides(clip_range, device: torch.device | None = None) -> tuple:
+def clip_sides(clip_range: ClipRange, device: torch.device | None = None) -> tuple:
     """``(low, high)`` of a clip range: a float ``eps`` (symmetric), a ``(low, high)`` pair, or a tensor ``[2]``
     (a loss module's buffer; indexed, never read back to the host: no device sync). With ``device``, a tensor
     range is first copied there (``non_blocking``: no device sync): ``torch.clamp`` takes tensor bounds only on
@@ -36,7 +41,7 @@ def clip_sides(clip_range, device: torch.device | None = None) -> tuple:
 
 
 @renamed_keywords(clip_low="clip_range", clip_high="clip_range")
-def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
+def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range: ClipRange) -> torch.Tensor:
     """PPO's clipped surrogate loss, per element (to be averaged by the caller).
 
         loss = -min(rho A, clip(rho, 1 - low, 1 + high) A),   rho = exp(log_ratio)
@@ -57,7 +62,7 @@ def clipped_ratio_objective(log_ratio: torch.Tensor, advantage: torch.Tensor, cl
 
 
 @renamed_keywords(clip_low="clip_range", clip_high="clip_range")
-def clip_fraction(log_ratio: torch.Tensor, clip_range) -> torch.Tensor:
+def clip_fraction(log_ratio: torch.Tensor, clip_range: ClipRange) -> torch.Tensor:
     """Share of elements whose ratio lies outside the clip range, on either side and whatever the advantage's
     sign: what the official Flow-GRPO logs as ``clipfrac`` (``|ratio - 1| > clip_range``). ``clip_range`` as in
     :func:`clipped_ratio_objective`; returns a scalar tensor."""
@@ -67,7 +72,7 @@ def clip_fraction(log_ratio: torch.Tensor, clip_range) -> torch.Tensor:
 
 
 @renamed_keywords(clip_low="clip_range", clip_high="clip_range")
-def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range) -> torch.Tensor:
+def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range: ClipRange) -> torch.Tensor:
     """Share of elements whose gradient the clip removes: ratio above ``1 + high`` with a positive advantage, or
     below ``1 - low`` with a negative one (a ratio outside the range on the other side keeps its gradient, since
     ``min`` then picks the unclipped term). ``clip_range`` as in :func:`clipped_ratio_objective`."""
@@ -110,7 +115,9 @@ def x_space_kl(x_pred: torch.Tensor, x_pred_other: torch.Tensor, leading_ndim: i
     return mean_over_data((x_pred - x_pred_other).square(), leading_ndim + 1).mean(dim=leading_ndim)
 
 
-def gaussian_kl_same_std(mean: torch.Tensor, mean_other: torch.Tensor, std, reduction: str = "mean") -> torch.Tensor:
+def gaussian_kl_same_std(
+    mean: torch.Tensor, mean_other: torch.Tensor, std: float | torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
     """Closed-form ``KL(N(mean, std^2 I) || N(mean_other, std^2 I)) = ||mean - mean_other||^2 / (2 std^2)`` -> ``[B]``.
 
     ``reduction`` matches :func:`vgrpo_lib.sde.gaussian_log_prob`: ``"mean"`` over data dimensions (default) or

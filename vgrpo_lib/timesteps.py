@@ -141,7 +141,7 @@ class PiecewiseDensity(TimestepSampler):
     moments measured in a pilot (this library's own estimator option, beyond the paper).
     """
 
-    def __init__(self, probabilities, stratified: bool = True):
+    def __init__(self, probabilities: Sequence[float] | torch.Tensor, stratified: bool = True):
         super().__init__(stratified)
         q = torch.as_tensor(probabilities, dtype=torch.float64).flatten()
         if q.numel() == 0 or not bool(torch.isfinite(q).all()) or bool((q <= 0).any()):
@@ -165,7 +165,7 @@ class PiecewiseDensity(TimestepSampler):
         return (1.0 / (q.numel() * q[index])).to(t.dtype)
 
 
-def variance_optimal_density(second_moments, floor: float = 0.05) -> PiecewiseDensity:
+def variance_optimal_density(second_moments: Sequence[float] | torch.Tensor, floor: float = 0.05) -> PiecewiseDensity:
     """``q_b propto sqrt(m_b)`` from per-bin second moments ``m_b = E ||g||^2`` of the per-pair contribution,
     mixed with ``floor`` of the uniform density so no bin is starved (weights stay bounded by ``1 / floor``)."""
     m = torch.as_tensor(second_moments, dtype=torch.float64).clamp_min(0)

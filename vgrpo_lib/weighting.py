@@ -42,23 +42,35 @@ def mean_over_data(value: torch.Tensor, leading_ndim: int) -> torch.Tensor:
     return value.mean(dim=tuple(range(leading_ndim, value.ndim))) if value.ndim > leading_ndim else value
 
 
-def eps_loss(v, x, noise, z, t, path: Path, x_pred):
+def eps_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """``mean_d ||eps_hat - eps||^2`` with the leading shape of ``t`` (``v``, ``x``, ``noise``, ``z``, ``x_pred``:
     ``[*t.shape, *D]``)."""
     return mean_over_data((path.eps_from_v(z, v, t) - noise).square(), t.ndim)
 
 
-def v_loss(v, x, noise, z, t, path: Path, x_pred):
+def v_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """``mean_d ||v - v*||^2`` (the flow-matching loss), shape of ``t``; arguments as :func:`eps_loss`."""
     return mean_over_data((v - path.velocity(x, noise, t)).square(), t.ndim)
 
 
-def x_loss(v, x, noise, z, t, path: Path, x_pred):
+def x_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """``mean_d ||x_hat - x||^2``, shape of ``t``; arguments as :func:`eps_loss`."""
     return mean_over_data((x_pred - x).square(), t.ndim)
 
 
-def adaptive_x_loss(v, x, noise, z, t, path: Path, x_pred):
+def adaptive_x_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """``mean_d ||x_hat - x||^2 / sg(max(mean_d |x_hat - x|, ADAPTIVE_FLOOR))``, shape of ``t``; arguments as
     :func:`eps_loss`."""
     error = x_pred - x
@@ -69,7 +81,10 @@ def adaptive_x_loss(v, x, noise, z, t, path: Path, x_pred):
 GHUBER_POWER, GHUBER_OFFSET = 0.25, 1e-10
 
 
-def ghuber_loss(v, x, noise, z, t, path: Path, x_pred):
+def ghuber_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """AWM's generalised Huber loss ``(t / p) ((l_v + c)^p - c^p)`` of ``l_v = mean_d ||v - v*||^2``, shape of
     ``t``; arguments as :func:`eps_loss`."""
     error = v_loss(v, x, noise, z, t, path, x_pred)
@@ -77,7 +92,10 @@ def ghuber_loss(v, x, noise, z, t, path: Path, x_pred):
     return t * ((error + offset) ** power - offset**power) / power
 
 
-def elbo_loss(v, x, noise, z, t, path: Path, x_pred):
+def elbo_loss(
+    v: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, z: torch.Tensor, t: torch.Tensor, path: Path,
+    x_pred: torch.Tensor,
+) -> torch.Tensor:
     """``w_elbo(t) mean_d ||x_hat - x||^2`` (the true ELBO weight), shape of ``t``; arguments as :func:`eps_loss`."""
     return path.elbo_x_weight(t) * mean_over_data((x_pred - x).square(), t.ndim)
 
