@@ -276,8 +276,6 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
         args.algo_given = args.algo is not None
         args.algo = args.algo or "vgrpo"
 
-    if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
-        raise UsageError("--per-prompt must be >= 1.")
     try:
         if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:
             raise UsageError("--per-prompt must be >= 1.")

@@ -41,7 +41,9 @@ from vgrpo_lib.benchmarks.compare.protocol import (
     TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, run_name, variant_preset,
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
-from vgrpo_lib.benchmarks.compare.runner import FinishedRun, finished_run, run_compare, start_or_resume
+from vgrpo_lib.benchmarks.compare.runner import (
+    COMPARISON_ENTRIES, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume,
+)
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
     heldout_target_rule, heldout_time_to_target, median_ratio_interval, selection_key, smoothed, summarise_run,
@@ -49,9 +51,10 @@ from vgrpo_lib.benchmarks.compare.stats import (
 )
 
 __all__ = [
-    "BOOTSTRAP_RESAMPLES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_RATIO_KEYS", "INTERVAL",
+    "BOOTSTRAP_RESAMPLES", "COMPARISON_ENTRIES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_RATIO_KEYS", "INTERVAL",
     "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
+    "check_comparison_folder",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
     "summarise_run", "target_rule", "time_to_target", "variant_preset",

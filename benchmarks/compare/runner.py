@@ -22,7 +22,12 @@ from vgrpo_lib.benchmarks.compare.stats import (
     selection_key, summarise_run, target_rule,
 )
 
-__all__ = ["FinishedRun", "finished_run", "run_compare", "start_or_resume"]
+__all__ = [
+    "COMPARISON_ENTRIES", "FinishedRun", "check_comparison_folder", "finished_run", "run_compare", "start_or_resume",
+]
+
+# What a comparison writes into its folder (besides its plots, *.png).
+COMPARISON_ENTRIES = frozenset({"runs", "protocol.json", "summary.json", "summary.md"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,18 @@ def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
     return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)
 
 
+def check_comparison_folder(out: Path) -> None:
+    """``out`` is new, empty, or a comparison's own folder (continued where it stopped): a file, or a folder holding
+    anything a comparison does not write, is refused naming it before any run starts."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; a comparison writes a folder.")
+    foreign = sorted(entry.name for entry in out.iterdir()
+                     if not (entry.name in COMPARISON_ENTRIES or entry.suffix == ".png")) if out.is_dir() else []
+    if foreign:
+        raise ValueError(f"--out {out} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which a "
+                         f"comparison does not write; give a new or empty folder (or a comparison's, to continue it).")
+
+
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
                 iterations: int | None = None, pipeline: str | None = None, select: str = "training") -> dict:
@@ -65,11 +82,16 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
     names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``)."""
     check_selection(select)
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}.")
     if seeds < MIN_SEEDS and not quick:
         raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
+    if iterations is not None and iterations < 1:
+        raise ValueError(f"--iterations must be at least 1, got {iterations}.")
     check_variants(variants)
     out = Path(out)
-    iterations = iterations or (30 if quick else 80)
+    check_comparison_folder(out)
+    iterations = iterations if iterations is not None else (30 if quick else 80)
     budget = [f"iterations={iterations}", "eval.every=10"]
     extra = budget + list(overrides or [])
     for variant in variants:  # every setting must build before any run starts
