@@ -55,8 +55,8 @@ __all__ = [
 
 
 def _train(args) -> int:
-    if args.resume and (args.overrides or args.task or args.algo_given):
-        raise UsageError("--resume continues a run with its saved config; drop --algo/--task/overrides.")
+    if args.resume and (args.overrides or args.task or args.algo_given or args.preset_given):
+        raise UsageError("--resume continues a run with its saved config; drop --algo/--task/--preset/overrides.")
     with init_from_env() as shard:  # joins the process group under torchrun; a no-op otherwise
         if args.resume:
             trainer = Trainer.resume(args.out)
@@ -214,7 +214,7 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     train = commands.add_parser("train", help="train a policy on a task (testbed, pipeline preset, hub model or your own)")
     train.add_argument("--algo", choices=ALGORITHMS, default=None, help="the algorithm (default: vgrpo)")
     train.add_argument("--task", default=None, help=task_help())
-    train.add_argument("--preset", choices=PRESETS, default="testbed")
+    train.add_argument("--preset", choices=PRESETS, default=None, help="the run's preset (default: testbed)")
     train.add_argument("--out", required=True, help="run directory (refused if it exists, unless --resume)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     train.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. optim.lr=3e-4 vgrpo.num_pairs=8")
@@ -273,8 +273,8 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` with ``parser`` and run the chosen command; user errors print one line and return 2."""
     args = parser.parse_args(argv)
     if args.command == "train":
-        args.algo_given = args.algo is not None
-        args.algo = args.algo or "vgrpo"
+        args.algo_given, args.preset_given = args.algo is not None, args.preset is not None
+        args.algo, args.preset = args.algo or "vgrpo", args.preset or "testbed"
 
     try:
         if getattr(args, "per_prompt", None) is not None and args.per_prompt < 1:

@@ -142,6 +142,8 @@ def test_cli_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert cli_main(["train", "--out", str(tmp_path / "r"), "--resume", "optim.lr=1"]) == 2
     assert capsys.readouterr().err.startswith("vgrpo train: error: --resume continues a run with its saved config")
+    assert cli_main(["train", "--out", str(tmp_path / "r"), "--resume", "--preset", "testbed"]) == 2  # not ignored
+    assert capsys.readouterr().err.startswith("vgrpo train: error: --resume continues a run with its saved config")
     assert cli_main(["train", "--task", "sd3.5-medium", "--out", str(tmp_path / "s")]) == 2
     assert "weights are not available" in capsys.readouterr().err
 
