@@ -59,7 +59,8 @@ from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = [
     "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
-    "compressed_path", "config_differences", "made_by", "new_run_id", "pyplot", "read_csv", "rows_to_csv", "save_figure",
+    "compressed_path", "config_differences", "made_by", "new_run_id", "run_environment", "pyplot", "read_csv",
+    "rows_to_csv", "save_figure",
 ]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
@@ -187,10 +188,23 @@ def config_differences(recorded: dict, current: dict) -> list[str]:
 
 def made_by(config: TrainConfig) -> dict:
     """What a checkpoint's manifest records of the run that made it: the resolved config, its SHA-256, the
-    algorithm, the task and the library version."""
+    algorithm, the task, the library version and :func:`run_environment`."""
     text = config.to_json()
     return {"config": json.loads(text), "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
-            "algo": config.algo, "task": config.task, "library_version": __version__}
+            "algo": config.algo, "task": config.task, "library_version": __version__,
+            "environment": run_environment()}
+
+
+def run_environment() -> dict:
+    """What a bitwise resume depends on beyond the config (device and precision are config keys): torch's thread
+    count, which changes the order of its reductions, and the versions of the libraries that compute."""
+    import platform
+
+    import tensordict
+    import torchrl
+
+    return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "tensordict": tensordict.__version__, "torchrl": torchrl.__version__, "python": platform.python_version()}
 
 
 def new_run_id() -> str:
@@ -549,6 +563,12 @@ class RunDir:
         if manifest.get("library_version") != __version__:
             warnings.warn(f"{path} was made by vgrpo-lib {manifest.get('library_version')}, this is {__version__}: "
                           f"the resumed run may not continue bitwise.")
+        recorded, now = manifest.get("environment"), run_environment()
+        if isinstance(recorded, dict) and recorded != now:
+            changed = ", ".join(f"{key} {recorded.get(key)} -> {value}" for key, value in now.items()
+                                if recorded.get(key) != value)
+            warnings.warn(f"{path} was made with {changed}: the resumed run may not continue bitwise (the same "
+                          f"OMP_NUM_THREADS and cores, e.g. taskset, restore the thread count).")
 
     def load_checkpoint(self, path: Path, run_id: str) -> dict:
         """Checkpoint ``path`` verified against its manifest and ``run_id`` (:class:`DamagedFileError` or

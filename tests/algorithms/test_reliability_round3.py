@@ -2,6 +2,7 @@
 a damaged manifest is a damaged checkpoint, and a resume loses no metrics row and repeats no logged step."""
 
 import json
+import warnings
 
 import pytest
 
@@ -242,3 +243,28 @@ def test_csv_scalar_logs_hold_each_step_once_after_a_resume(tmp_path, kept):
     assert _resume(run) == 0
     assert _scalar_steps(run) == _scalar_steps(straight)
     assert _scalar_steps(run)["logs/run/scalars/eval/reward_mean.csv"] == [0, 1, 2]
+
+
+# -- item 15: a bitwise resume assumes the same threads and libraries --------------------------------------------
+
+
+def test_a_resume_with_another_thread_count_or_library_warns_naming_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(out) == 0
+    manifest_path = out / "checkpoints" / "iter_000002.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert set(manifest["environment"]) == {"torch_threads", "torch", "tensordict", "torchrl", "python"}
+    assert manifest["environment"]["torch_threads"] >= 1
+    _edit_config(out, iterations=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _resume(out) == 0
+    assert not [w for w in caught if "may not continue bitwise" in str(w.message)]  # the same environment
+    manifest_path = out / "checkpoints" / "iter_000003.json"
+    manifest = json.loads(manifest_path.read_text())
+    threads = manifest["environment"]["torch_threads"]
+    manifest["environment"] |= {"torch_threads": threads + 7, "torch": "0.0.1"}
+    manifest_path.write_text(json.dumps(manifest))
+    _edit_config(out, iterations=4)
+    with pytest.warns(UserWarning, match=rf"made with torch_threads {threads + 7} -> {threads}, torch 0\.0\.1 -> "):
+        assert _resume(out) == 0
