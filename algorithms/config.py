@@ -47,7 +47,7 @@ from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
-from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Rule
+from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, Rule
 from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
@@ -549,7 +549,7 @@ class EvalConfig(Section):
     )
     per_prompt: int = setting(20, rule=AT_LEAST_ONE, help="Samples per evaluation prompt.")
     num_steps: int = setting(40, rule=AT_LEAST_ONE, help="ODE steps of an evaluation sample.")
-    seed: int = setting(12345, help="Seed of the held-out evaluation noise (independent of the training seed).")
+    seed: int = setting(12345, rule=SEED, help="Seed of the held-out evaluation noise (independent of the training seed).")
 
 
 @dataclass
@@ -580,7 +580,7 @@ class TrainConfig:
     algo: str = setting("vgrpo", help="The algorithm: the name of one algorithm section.")
     task: str = setting("digit", help="The task: a registered name (a testbed task, mnist-sd3/<task>, a hub model) "
                         "or the import path of your own task's factory, package.module:factory.")
-    seed: int = setting(0, help="Seed of the run (rollout noise, pairs, minibatches).")
+    seed: int = setting(0, rule=SEED, help="Seed of the run (rollout noise, pairs, minibatches).")
     iterations: int = setting(60, rule=AT_LEAST_ONE, help="Training iterations (rollout, rewards, update).")
     prompts_per_iteration: int = setting(8, rule=AT_LEAST_ONE, help="Prompts (groups) per iteration.")
     group_size: int = setting(

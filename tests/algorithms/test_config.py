@@ -256,3 +256,13 @@ def test_cross_key_rules_of_the_chosen_algorithm_name_the_keys():
         apply_overrides(TrainConfig(), ["algo=flow_grpo", "rollout.num_steps=2", "flow_grpo.timestep_fraction=0.3"])
     with pytest.raises(ValueError, match="optim.minibatches and optim.minibatch_size both set"):
         apply_overrides(TrainConfig(), ["optim.minibatches=2", "optim.minibatch_size=8"])
+
+
+def test_seeds_beyond_64_bits_or_negative_are_refused_naming_the_key():
+    """Issue 29.7: a seed past 2**64 ended deep in torch as 'Overflow when unpacking long long'."""
+    config = TrainConfig.for_algo("vgrpo")
+    for override, key in (("seed=18446744073709551616", "seed"), ("seed=9223372036854775808", "seed"),
+                          ("eval.seed=-1", "eval.seed")):
+        with pytest.raises(ValueError, match=rf"^{key} must be in \[0, 2\*\*63\)"):
+            apply_overrides(config, [override])
+    assert apply_overrides(config, ["seed=9223372036854775807"]).seed == 2**63 - 1
