@@ -47,7 +47,7 @@ from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
-from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, Rule
+from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, TIME_SHIFT, UNIT_INTERVAL, Rule
 from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
@@ -89,7 +89,7 @@ class RolloutConfig(Section):
     solver: str = setting("euler", choices=ODE_SOLVERS,
                           help="Deterministic ODE solver of V-GRPO's and DiffusionNFT's rollouts.")
     shift: float | None = setting(
-        None, rule=POSITIVE,
+        None, rule=TIME_SHIFT,
         help="SD3 time shift of the rollout grid. None: the task's own grid (testbed: uniform; a diffusers task: its "
              "pipeline scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included).",
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
-__all__ = ["AT_LEAST_ONE", "CLIP_RANGE", "FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "UNIT_INTERVAL", "Rule"]
+__all__ = ["AT_LEAST_ONE", "CLIP_RANGE", "FRACTION", "NON_NEGATIVE", "POSITIVE", "SEED", "TIME_SHIFT", "UNIT_INTERVAL", "Rule"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
 AT_LEAST_ONE = Rule(lambda v: v >= 1, ">= 1")
 UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "in [0, 1]")
 FRACTION = Rule(lambda v: 0 < v <= 1, "in (0, 1]")
+# The SD3 time shift of a grid: past these bounds float arithmetic breaks the grid (1e-308: 1 + (s - 1) t is 0).
+TIME_SHIFT = Rule(lambda v: 1e-3 <= v <= 1e3, "in [1e-3, 1e3]")
 # A seed: torch, NumPy and Python take it, with room for the offsets runs add to it (per iteration, per rank).
 SEED = Rule(lambda v: 0 <= v < 2**63, "in [0, 2**63)")
 

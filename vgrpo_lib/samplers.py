@@ -27,6 +27,7 @@ from torch import nn
 from vgrpo_lib._checks import check_positive, check_positive_int, check_real, check_tensor, choose, renamed_keywords
 from vgrpo_lib.paths import Path, make_path
 from vgrpo_lib.protocols import Condition, VelocityModel
+from vgrpo_lib.rules import TIME_SHIFT
 from vgrpo_lib.sde import check_noise_level, gaussian_log_prob, step_mean_std
 
 Callback = Callable[[dict], None] | None
@@ -38,6 +39,8 @@ def time_grid(num_steps: int, shift: float = 1.0, t_max: float = 1.0, t_min: flo
     points too (``t_max = 0.98`` with ``shift = 3`` starts at 0.993); 0 and 1 stay fixed."""
     check_positive_int("num_steps", num_steps)
     check_positive("shift", shift)  # NaN or inf: a NaN grid
+    if not TIME_SHIFT.ok(shift):  # 1e-308: 1 + (s - 1) t is 0 at t = 1; 1e308: s t overflows
+        raise ValueError(f"shift must be {TIME_SHIFT.text}, got {shift}.")
     if not 0.0 <= check_real("t_min", t_min) < check_real("t_max", t_max) <= 1.0:
         raise ValueError(f"time_grid needs 0 <= t_min < t_max <= 1, got t_min={t_min}, t_max={t_max}.")
     uniform = [t_max - (t_max - t_min) * i / num_steps for i in range(num_steps)] + [t_min]

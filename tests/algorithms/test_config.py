@@ -266,3 +266,10 @@ def test_seeds_beyond_64_bits_or_negative_are_refused_naming_the_key():
         with pytest.raises(ValueError, match=rf"^{key} must be in \[0, 2\*\*63\)"):
             apply_overrides(config, [override])
     assert apply_overrides(config, ["seed=9223372036854775807"]).seed == 2**63 - 1
+
+
+@pytest.mark.parametrize("shift", ["1e-308", "1e308", "0.0001"])
+def test_a_time_shift_that_breaks_float_arithmetic_is_refused_naming_the_key(shift):
+    """Issue 29.7: rollout.shift=1e-308 ended in a ZeroDivisionError, 1e308 in a NaN grid."""
+    with pytest.raises(ValueError, match=r"^rollout.shift must be in \[1e-3, 1e3\]"):
+        apply_overrides(TrainConfig(), [f"rollout.shift={shift}"])

@@ -201,3 +201,9 @@ def test_classifier_free_guidance():
     z, cond = torch.randn(3, 2), torch.tensor([[1.0], [2.0], [3.0]])
     # v_u = 0, v_c = z * cond -> v = 4.5 z cond
     torch.testing.assert_close(cfg(z, torch.ones(3), cond), 4.5 * z * cond)
+
+
+@pytest.mark.parametrize("shift", [1e-308, 1e308])
+def test_time_grid_refuses_a_shift_its_arithmetic_cannot_hold(shift):
+    with pytest.raises(ValueError, match=r"^shift must be in \[1e-3, 1e3\]"):
+        time_grid(4, shift=shift)
