@@ -153,17 +153,20 @@ class LossBatches(NamedTuple):
     nft: TensorDict
 
 
-def make_loss_batches(generator: torch.Generator | None = None) -> LossBatches:
-    """Complete batches of 4 samples ``(4, 3)`` with a ``(4, 2)`` zero condition on ``MLPVelocity((3,), cond_dim=2)``
-    and ``ELBOSurrogate(num_pairs=2, sharing="none")``: ``vgrpo`` ``(4,)`` (with ``old_log_prob`` and
-    ``old_x_pred``, advantages 1), ``flow_grpo`` ``(4, 3)`` (3 SDE transitions, advantages 1) and ``nft`` ``(4,)``.
-    Random draws use ``generator`` (None: torch's global generator)."""
-    model = MLPVelocity(data_shape=(3,), cond_dim=2)
+def make_loss_batches(generator: torch.Generator | None = None, data_shape: Sequence[int] = (3,)) -> LossBatches:
+    """Complete batches of 4 samples ``(4, *data_shape)`` (default ``(4, 3)``; a video latent ``(C, F, H, W)`` works
+    alike) with a ``(4, 2)`` zero condition on ``MLPVelocity(data_shape, cond_dim=2)`` and
+    ``ELBOSurrogate(num_pairs=2, sharing="none")``: ``vgrpo`` ``(4,)`` (with ``old_log_prob`` and ``old_x_pred``,
+    advantages 1), ``flow_grpo`` ``(4, 3)`` (3 SDE transitions, advantages 1) and ``nft`` ``(4,)``. Random draws use
+    ``generator`` (None: torch's global generator); shapes with the same number of elements draw the same numbers."""
+    data_shape = tuple(data_shape)
+    model = MLPVelocity(data_shape=data_shape, cond_dim=2)
     estimator = ELBOSurrogate(num_pairs=2, sharing="none")
-    sample = torch.randn(4, 3, generator=generator)
+    sample = torch.randn(4, *data_shape, generator=generator)
     cond, advantage = torch.zeros(4, 2), torch.ones(4)
     vgrpo = vgrpo_batch(estimator, sample, cond, advantage, behaviour=model, generator=generator, keep_x_pred=True)
     with torch.no_grad():
-        _, records = sample_sde(model, torch.randn(4, 3, generator=generator), time_grid(3), cond, generator=generator)
+        noise = torch.randn(4, *data_shape, generator=generator)
+        _, records = sample_sde(model, noise, time_grid(3), cond, generator=generator)
     nft = vgrpo.exclude("old_log_prob", "old_x_pred")
     return LossBatches(model, estimator, vgrpo, flow_grpo_batch(records, advantage, cond), nft)

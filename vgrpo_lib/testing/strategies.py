@@ -6,6 +6,8 @@ Needs hypothesis (the ``test`` extra: ``pip install 'vgrpo-lib[test]'``). Each s
 - :func:`reward_batches`: ``(reward, group)`` with finite rewards ``(B,)`` (or ``(B, R)``), groups generic, constant
   or tied;
 - :func:`sample_batches`: a TensorDict ``(B,)`` with ``"sample"`` ``(B, *D)``, ``"group"`` and ``"cond"``;
+- :func:`video_shapes`: video latent shapes ``D = (C, F, H, W)`` with several frames (``sample_batches(data_shapes=
+  video_shapes())`` draws video batches);
 - :func:`estimator_configs` / :func:`estimators`: ``ELBOSurrogate`` keyword arguments (``num_pairs``,
   ``timesteps``, ``sharing``, ``weighting``, ``noise``) from the core's registries, and the estimators themselves.
 
@@ -36,7 +38,7 @@ from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES, ELBOSurrogate
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS, TimestepSampler
 from vgrpo_lib.weighting import WEIGHTINGS
 
-__all__ = ["estimator_configs", "estimators", "group_ids", "reward_batches", "sample_batches"]
+__all__ = ["estimator_configs", "estimators", "group_ids", "reward_batches", "sample_batches", "video_shapes"]
 
 
 @st.composite
@@ -77,13 +79,23 @@ def reward_batches(draw, num_rewards: int | None = None, dtype: torch.dtype = to
 
 
 @st.composite
-def sample_batches(draw, data_shapes: Sequence[tuple[int, ...]] = ((2,), (3,), (2, 3)), cond_dim: int = 0,
-                   dtype: torch.dtype = torch.float32, **group_options) -> TensorDict:
-    """A TensorDict ``(B,)`` with ``"sample"`` ``(B, *D)`` (``D`` one of ``data_shapes``, standard normal values
-    drawn from a hypothesis-chosen seed), ``"group"`` ``(B,)`` from :func:`group_ids` and, when ``cond_dim``,
-    ``"cond"`` ``(B, cond_dim)``."""
+def video_shapes(draw, max_channels: int = 3, min_frames: int = 2, max_frames: int = 4,
+                 max_side: int = 4) -> tuple[int, int, int, int]:
+    """A video latent's shape ``(C, F, H, W)``: 1 to ``max_channels`` channels, ``min_frames`` to ``max_frames``
+    frames and 1 to ``max_side`` latent pixels per side (the layout of Wan's ``(B, C, F, H, W)`` latents)."""
+    return (draw(st.integers(1, max_channels)), draw(st.integers(min_frames, max_frames)),
+            draw(st.integers(1, max_side)), draw(st.integers(1, max_side)))
+
+
+@st.composite
+def sample_batches(draw, data_shapes: Sequence[tuple[int, ...]] | st.SearchStrategy = ((2,), (3,), (2, 3)),
+                   cond_dim: int = 0, dtype: torch.dtype = torch.float32, **group_options) -> TensorDict:
+    """A TensorDict ``(B,)`` with ``"sample"`` ``(B, *D)`` (``D`` one of ``data_shapes``, or drawn by it when it is
+    a strategy such as :func:`video_shapes`; standard normal values drawn from a hypothesis-chosen seed),
+    ``"group"`` ``(B,)`` from :func:`group_ids` and, when ``cond_dim``, ``"cond"`` ``(B, cond_dim)``."""
     group = draw(group_ids(**group_options))
-    shape = draw(st.sampled_from(list(data_shapes)))
+    shapes = data_shapes if isinstance(data_shapes, st.SearchStrategy) else st.sampled_from(list(data_shapes))
+    shape = tuple(draw(shapes))
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     batch = TensorDict({"sample": torch.randn((group.shape[0], *shape), generator=generator, dtype=dtype),
                         "group": group}, batch_size=[group.shape[0]])
