@@ -58,9 +58,10 @@ class FlowTransformerAdapter(nn.Module):
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
     @staticmethod
-    def _check_inputs(x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None, keys: tuple[str, ...]):
-        if x_t.ndim != 4:
-            raise ValueError(f"x_t must be unpacked latents (B, C, H, W); got shape {tuple(x_t.shape)}")
+    def _check_inputs(x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None, keys: tuple[str, ...],
+                      layout: str = "(B, C, H, W)"):
+        if x_t.ndim != layout.count(",") + 1:
+            raise ValueError(f"x_t must be unpacked latents {layout}; got shape {tuple(x_t.shape)}")
         if t.shape != (x_t.shape[0],):
             raise ValueError(f"t must have shape (B,) = ({x_t.shape[0]},); got {tuple(t.shape)}")
         if cond is None:
