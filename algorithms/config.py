@@ -528,6 +528,10 @@ class ModelConfig(Section):
     without_t5: bool = setting(
         False, help="SD3: load without T5 (text_encoder_3=None); its tokens are max_sequence_length zeros.",
     )
+    frames: int | None = setting(
+        None, rule=AT_LEAST_ONE,
+        help="Video models (wan2.1-t2v): frames per video, 4k + 1 (1, 5, 33, 81). None: the model's (Wan: 81).",
+    )
 
 
 @dataclass

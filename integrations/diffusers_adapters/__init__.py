@@ -8,6 +8,8 @@
 - `add_lora`, `add_behaviour_adapter`, `copy_adapter`, `ema_adapter`, `reference_policy`,
   `behaviour_policy`, `AdapterView`: trained / old / reference policies on one transformer.
 - `load_sd35_medium`, `load_flux_dev`: real checkpoints by name (clear error when missing).
+- Wan 2.1 / 2.2 text-to-video (wan.py): `WanVelocity` on video latents (B, C, F, H, W), `WanExperts` (Wan 2.2's two
+  experts, switched by the boundary), `load_wan` -> `WanPolicy`, `wan_sigma_grid`, `decode_videos` / `encode_videos`.
 """
 
 from .flux import FluxVelocity, encode_prompts_flux, latent_image_ids, pack_latents, unpack_latents
@@ -19,6 +21,9 @@ from .presets import FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, load_flux_dev, loa
 from .schedules import flux_mu, flux_sigma_grid, sd3_sigma_grid, shift_sigmas, sigma_grid_from_scheduler_config
 from .sd3 import SD3Velocity, encode_prompts_sd3
 from .velocity import FlowTransformerAdapter, classifier_free_guidance
+from .wan import (WAN21_T2V, WAN_LORA_TARGET_MODULES, WanExperts, WanPolicy, WanVelocity, decode_videos,
+                  encode_prompts_wan, encode_videos, load_wan, wan_latent_shape, wan_sigma_grid,
+                  wan_sigma_grid_from_scheduler_config)
 
 __all__ = [
     "ATTENTION_TARGET_MODULES", "AdapterView", "DiffusersPolicy", "FLUX1_DEV",
@@ -28,4 +33,7 @@ __all__ = [
     "load_flux_dev", "load_policy", "load_sd35_medium", "lora_parameters", "pack_latents", "reference_policy",
     "sd3_sigma_grid", "shift_sigmas", "sigma_grid_from_scheduler_config", "unpack_latents",
     "upcast_trainable_parameters", "vae_scale_factor",
+    "WAN21_T2V", "WAN_LORA_TARGET_MODULES", "WanExperts", "WanPolicy", "WanVelocity", "decode_videos",
+    "encode_prompts_wan", "encode_videos", "load_wan", "wan_latent_shape", "wan_sigma_grid",
+    "wan_sigma_grid_from_scheduler_config",
 ]

@@ -59,6 +59,7 @@ from vgrpo_lib.integrations.diffusers_adapters.presets import (
 )
 from vgrpo_lib.integrations.diffusers_adapters.sd3 import encode_prompts_sd3
 from vgrpo_lib.integrations.diffusers_adapters.velocity import FlowTransformerAdapter
+from vgrpo_lib.integrations.diffusers_adapters.wan import WAN21_T2V, load_wan
 from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
 from vgrpo_lib.integrations.metrics import diversity
 from vgrpo_lib.integrations.rewards import MultiReward, get_reward
@@ -486,7 +487,7 @@ class HubModel:
 
     hub_id: str
     family: str
-    image_size: int
+    image_size: int | tuple[int, int]
 
 
 HUB_MODELS = {
@@ -494,6 +495,9 @@ HUB_MODELS = {
     "sd3.5-medium": HubModel(SD35_MEDIUM, "sd3", 512),
     # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
+    # Wan 2.1 T2V 1.3B at WanPipeline's own size, 480x832 (its video length: model.frames, default 81); the
+    # wan2.1-t2v preset trains at Flow-Factory's scale (vgrpo_lib.algorithms.presets.HUB_PRESETS).
+    "wan2.1-t2v": HubModel(WAN21_T2V, "wan", (480, 832)),
     # The project's own StableDiffusion3Pipeline trained on MNIST, shipped in the repository (its tasks set the
     # image size per task: vgrpo_lib.integrations.tasks.mnist_sd3).
     "mnist-sd3": HubModel(str(PIPELINE_DIR), "sd3", 32),
@@ -518,7 +522,7 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
              device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
              gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
              metrics: Callable | None = None, label: Callable | None = None,
-             evaluation_metrics: Mapping[str, str] | None = None) -> DiffusersTask:
+             evaluation_metrics: Mapping[str, str] | None = None, frames: int | None = None) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
@@ -527,8 +531,9 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
     GPU, the CPU without CUDA. ``gradient_checkpointing``: default on with CUDA. ``image_size``: default the
     model's (512 SD3.5-M, 720 FLUX.1-dev). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
-    zero tokens instead, see :func:`vgrpo_lib.integrations.diffusers_adapters.presets.load_policy`). The other arguments are
-    :class:`DiffusersTask`'s.
+    zero tokens instead, see :func:`vgrpo_lib.integrations.diffusers_adapters.presets.load_policy`). ``frames``: a
+    video model's frames per sample (``wan2.1-t2v``: a :class:`vgrpo_lib.integrations.tasks.wan.WanTask`; default
+    81). The other arguments are :class:`DiffusersTask`'s.
 
     Raises ``MissingWeightsError`` (a ``RuntimeError``) when the pipeline is neither at ``path`` nor in the Hugging
     Face cache, and ``ValueError`` when no prompt file is given; both say what is missing.
@@ -546,9 +551,21 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         raise ValueError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
     cuda = torch.cuda.is_available()
     device = torch.device(device or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
-    base = load_policy(location, spec.family, device=device, dtype=getattr(torch, dtype), lora_rank=None,
-                       autocast=device.type == "cuda", local_files_only=True, without_t5=without_t5)
-    return DiffusersTask(
+    if spec.family == "wan":  # video: its own loader and task (tasks.wan builds on this module, so imported here)
+        from vgrpo_lib.integrations.tasks.wan import WanTask
+
+        if without_t5:
+            raise ValueError(f"model.without_t5 applies to SD3 pipelines; task {name!r} has one UMT5 text encoder.")
+        base = load_wan(location, **({} if frames is None else {"frames": frames}), device=device,
+                        dtype=getattr(torch, dtype), autocast=device.type == "cuda", local_files_only=True)
+        task_class = WanTask
+    else:
+        if frames is not None:
+            raise ValueError(f"model.frames={frames} sets a video's length; task {name!r} makes images.")
+        base = load_policy(location, spec.family, device=device, dtype=getattr(torch, dtype), lora_rank=None,
+                           autocast=device.type == "cuda", local_files_only=True, without_t5=without_t5)
+        task_class = DiffusersTask
+    return task_class(
         base,
         prompts,
         "pickscore" if reward is None else reward,

@@ -103,3 +103,36 @@ def save_tiny_flux(path: str | Path, seed: int = 0) -> Path:
                         tokenizer=clip, text_encoder_2=_t5_encoder(len(t5)), tokenizer_2=t5)
     pipe.save_pretrained(path)
     return Path(path)
+
+
+WAN_FRAMES = 5  # video frames: 2 latent frames through the causal VAE's 4x temporal compression
+
+
+def _wan_transformer():
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+                                 in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS, text_dim=16, freq_dim=16,
+                                 ffn_dim=16, num_layers=1, rope_max_seq_len=32)
+
+
+def save_tiny_wan(path: str | Path, seed: int = 0, two_experts: bool = False) -> Path:
+    """A tiny WanPipeline written to ``path`` (UMT5 + the causal video VAE + UniPC with flow sigmas, shift 3);
+    ``two_experts``: Wan 2.2's layout, a second transformer ``transformer_2`` below ``boundary_ratio=0.875``.
+    Videos of ``WAN_FRAMES`` frames of 16x16 pixels are latents ``(4, 2, 4, 4)`` (VAE 4x in time and space)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    tokenizer = t5_tokenizer()
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                               num_heads=2, relative_attention_num_buckets=8, decoder_start_token_id=0))
+    vae = AutoencoderKLWan(base_dim=4, z_dim=LATENT_CHANNELS, dim_mult=[1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[True, True], latents_mean=[0.1, -0.2, 0.3, 0.0],
+                           latents_std=[1.5, 0.5, 2.0, 1.0], scale_factor_spatial=4)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    experts = {"transformer_2": _wan_transformer(), "boundary_ratio": 0.875} if two_experts else {}
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=_wan_transformer(), **experts)
+    pipe.save_pretrained(path)
+    return Path(path)
