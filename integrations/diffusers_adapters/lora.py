@@ -47,7 +47,8 @@ ATTENTION_TARGET_MODULES = (
 )
 
 
-def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64, target_modules: Sequence[str] = ATTENTION_TARGET_MODULES,
+def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64,
+             target_modules: str | Sequence[str] = ATTENTION_TARGET_MODULES,
              adapter_name: str = TRAINED_ADAPTER, dropout: float = 0.0) -> None:
     """Add a trainable LoRA adapter to a diffusers transformer and freeze everything else.
 
@@ -56,7 +57,8 @@ def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64, target_module
             `add_adapter`).
         r, alpha: LoRA rank and scale numerator (update = (alpha / r) B A). The paper's SD3.5-M
             setting is r=32, alpha=64.
-        target_modules: module-name suffixes to adapt (default: the attention projections).
+        target_modules: module-name suffixes to adapt (default: the attention projections), or one regular
+            expression matched against each module's full name (FLUX.2's `FLUX2_LORA_TARGET_MODULES`).
         adapter_name: the adapter's name; keep the default for the trained policy.
         dropout: LoRA dropout (0 keeps the surrogate deterministic, which the ratio of V-GRPO needs).
 
@@ -67,7 +69,7 @@ def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64, target_module
         from peft import LoraConfig
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian",
-                        target_modules=list(target_modules))
+                        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules))
     transformer.add_adapter(config, adapter_name=adapter_name)
     for name, param in transformer.named_parameters():
         param.requires_grad_(f".{adapter_name}." in name and "lora_" in name)

@@ -1,4 +1,4 @@
-"""Load SD3.5-Medium or FLUX.1-dev by name as a LoRA-adapted velocity model with its helpers.
+"""Load SD3.5-Medium, FLUX.1-dev, FLUX.2 (dev, klein) or Qwen-Image as a LoRA-adapted velocity model with its helpers.
 
     policy = load_sd35_medium(device="cuda")                 # needs the checkpoint locally or network
     cond = policy.encode_prompts(["a photo of a cat"])
@@ -13,11 +13,15 @@ bf16 autocast. Rollout lengths (40 steps SD3.5-M, 16 FLUX) are arguments of `sig
 When the checkpoint is not available (offline, or not in the Hugging Face cache) the loaders raise
 `MissingWeightsError` naming the checkpoint; FLUX.1-dev is gated, so a download also needs an
 accepted licence and a token.
+
+What differs between the pipeline kinds (`family`) is one row of `FAMILIES`: the diffusers pipeline class, the
+velocity adapter, the prompt encoder, the latent shape, the time grid, the decoder and the LoRA target modules.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,19 +32,74 @@ from vgrpo_lib.extras import require_extra
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .flux import FluxVelocity, encode_prompts_flux
+from .flux2 import FLUX2_LORA_TARGET_MODULES, Flux2Velocity, decode_flux2, encode_prompts_flux2, flux2_latent_shape, flux2_sigma_grid
 from .latents import decode_latents, latent_shape, vae_scale_factor
-from .lora import add_behaviour_adapter, add_lora, upcast_trainable_parameters
+from .lora import ATTENTION_TARGET_MODULES, add_behaviour_adapter, add_lora, upcast_trainable_parameters
 from .schedules import sigma_grid_from_scheduler_config
 from .sd3 import SD3Velocity, encode_prompts_sd3
 from .velocity import FlowTransformerAdapter
 
 __all__ = [
-    "SD35_MEDIUM", "FLUX1_DEV", "DiffusersPolicy", "absent_components", "load_policy", "load_sd35_medium",
-    "load_flux_dev",
+    "SD35_MEDIUM", "FLUX1_DEV", "FLUX2_DEV", "FLUX2_KLEIN", "FAMILIES", "DiffusersPolicy", "PipelineFamily",
+    "absent_components", "load_policy", "load_sd35_medium", "load_flux_dev",
 ]
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
+FLUX2_DEV = "black-forest-labs/FLUX.2-dev"
+FLUX2_KLEIN = "black-forest-labs/FLUX.2-klein-base-4B"
+
+
+def _vae_latent_shape(vae, height: int, width: int) -> tuple[int, int, int]:
+    return latent_shape(height, width, vae.config.latent_channels, vae_scale_factor(vae))
+
+
+def _patch_token_grid(scheduler_config, num_steps: int, sample_shape: tuple[int, ...]) -> list[float]:
+    """The scheduler's grid for a latent tiled in 2x2 patch tokens (SD3, FLUX.1, Qwen-Image)."""
+    _, h, w = sample_shape
+    return sigma_grid_from_scheduler_config(scheduler_config, num_steps, image_seq_len=(h // 2) * (w // 2))
+
+
+def _flux2_grid(scheduler_config, num_steps: int, sample_shape: tuple[int, ...]) -> list[float]:
+    """FLUX.2's grid: one token per latent pixel of the (128, h, w) latent."""
+    _, h, w = sample_shape
+    return flux2_sigma_grid(scheduler_config, num_steps, image_seq_len=h * w)
+
+
+@dataclass(frozen=True)
+class PipelineFamily:
+    """How vgrpo_lib drives one kind of diffusers text-to-image pipeline.
+
+    Attributes:
+        pipeline: the diffusers pipeline class name (``"Flux2Pipeline"``).
+        velocity: the protocol adapter class wrapping the pipeline's transformer.
+        encode: ``encode(pipe, prompts, **kwargs) -> TensorDict[B]`` of prompt embeddings (kwargs:
+            ``max_sequence_length``).
+        latent_shape: ``latent_shape(vae, height, width) -> (C, h, w)`` of the diffusion latent.
+        sigma_grid: ``sigma_grid(scheduler_config, num_steps, (C, h, w)) -> [1, ..., 0]``, the pipeline's time grid.
+        decode: ``decode(vae, latents (B, C, h, w)) -> images (B, 3, H, W)`` in [0, 1].
+        lora_target_modules: what ``add_lora`` adapts (module-name suffixes, or one regular expression).
+    """
+
+    pipeline: str
+    velocity: type[FlowTransformerAdapter]
+    encode: Callable[..., TensorDict]
+    latent_shape: Callable[..., tuple[int, int, int]] = _vae_latent_shape
+    sigma_grid: Callable[..., list[float]] = _patch_token_grid
+    decode: Callable[..., torch.Tensor] = decode_latents
+    lora_target_modules: str | Sequence[str] = ATTENTION_TARGET_MODULES
+
+
+_FLUX2 = dict(velocity=Flux2Velocity, encode=encode_prompts_flux2, latent_shape=flux2_latent_shape,
+              sigma_grid=_flux2_grid, decode=decode_flux2, lora_target_modules=FLUX2_LORA_TARGET_MODULES)
+
+FAMILIES: dict[str, PipelineFamily] = {
+    "sd3": PipelineFamily("StableDiffusion3Pipeline", SD3Velocity, encode_prompts_sd3),
+    "flux": PipelineFamily("FluxPipeline", FluxVelocity, encode_prompts_flux),
+    "flux2": PipelineFamily("Flux2Pipeline", **_FLUX2),
+    "flux2-klein": PipelineFamily("Flux2KleinPipeline", **_FLUX2),
+}
+"""The pipeline kinds ``load_policy`` knows, by ``family`` name."""
 
 
 @dataclass
@@ -51,25 +110,33 @@ class DiffusersPolicy:
     model: FlowTransformerAdapter
     family: str
 
-    def encode_prompts(self, prompts: list[str]) -> TensorDict:
-        """TensorDict[B] of prompt embeddings, through the pipeline's own text encoders."""
-        encode = encode_prompts_sd3 if self.family == "sd3" else encode_prompts_flux
-        return encode(self.pipe, prompts)
+    @property
+    def spec(self) -> PipelineFamily:
+        """This pipeline kind's row of `FAMILIES`."""
+        return FAMILIES[self.family]
+
+    @property
+    def lora_target_modules(self) -> str | Sequence[str]:
+        """The modules a LoRA adapter of this pipeline's transformer adapts."""
+        return self.spec.lora_target_modules
+
+    def encode_prompts(self, prompts: list[str], **kwargs) -> TensorDict:
+        """TensorDict[B] of prompt embeddings, through the pipeline's own text encoders (kwargs:
+        ``max_sequence_length``)."""
+        return self.spec.encode(self.pipe, prompts, **kwargs)
 
     def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
         """(C, h, w) of the latent for a height x width image."""
-        vae = self.pipe.vae
-        return latent_shape(height, width, vae.config.latent_channels, vae_scale_factor(vae))
+        return self.spec.latent_shape(self.pipe.vae, height, width)
 
     def sigma_grid(self, num_steps: int, height: int, width: int) -> list[float]:
         """The pipeline scheduler's time grid (num_steps + 1 values, 1 -> 0) at this resolution."""
-        _, h, w = self.latent_shape(height, width)
-        return sigma_grid_from_scheduler_config(self.pipe.scheduler.config, num_steps, image_seq_len=(h // 2) * (w // 2))
+        return self.spec.sigma_grid(self.pipe.scheduler.config, num_steps, self.latent_shape(height, width))
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, h, w) latents -> (B, 3, H, W) images in [0, 1]."""
-        return decode_latents(self.pipe.vae, latents)
+        return self.spec.decode(self.pipe.vae, latents)
 
 
 def absent_components(path: str) -> dict[str, None]:
@@ -93,7 +160,7 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
 
     Args:
         name_or_path: hub name or local directory of a diffusers pipeline.
-        family: "sd3" or "flux".
+        family: a key of `FAMILIES`: "sd3", "flux", "flux2", "flux2-klein" or "qwen-image".
         device: where to put the pipeline (None: leave on the CPU).
         dtype: storage dtype of the pretrained weights.
         lora_rank: add a trainable LoRA adapter of this rank (None: no adapter; the whole
@@ -107,11 +174,12 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
         adapter_kwargs: passed to the adapter (e.g. FLUX `guidance_scale`).
     """
     require_extra("diffusers", f"Loading the {family.upper()} pipeline {name_or_path!r}")
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    import diffusers
 
-    if family not in ("sd3", "flux"):
-        raise ValueError(f"family must be 'sd3' or 'flux'; got {family!r}")
-    pipeline_class = StableDiffusion3Pipeline if family == "sd3" else FluxPipeline
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(map(repr, FAMILIES))}; got {family!r}")
+    spec = FAMILIES[family]
+    pipeline_class = getattr(diffusers, spec.pipeline)
     local = resolve_local_files_only(local_files_only)
     absent = absent_components(name_or_path)
     if without_t5:
@@ -129,12 +197,11 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
         if module is not None:
             module.requires_grad_(False)
     if lora_rank is not None:
-        add_lora(transformer, r=lora_rank, alpha=lora_alpha)
+        add_lora(transformer, r=lora_rank, alpha=lora_alpha, target_modules=spec.lora_target_modules)
         upcast_trainable_parameters(transformer)
         if behaviour_adapter:
             add_behaviour_adapter(transformer)
-    adapter_class = SD3Velocity if family == "sd3" else FluxVelocity
-    model = adapter_class(transformer, autocast_dtype=torch.bfloat16 if autocast else None, **adapter_kwargs)
+    model = spec.velocity(transformer, autocast_dtype=torch.bfloat16 if autocast else None, **adapter_kwargs)
     return DiffusersPolicy(pipe=pipe, model=model, family=family)
 
 

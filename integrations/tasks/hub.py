@@ -50,14 +50,12 @@ from tensordict import TensorDict
 from torch import nn
 
 from vgrpo_lib.extras import needs_extra
-from vgrpo_lib.integrations.diffusers_adapters.flux import encode_prompts_flux
 from vgrpo_lib.integrations.diffusers_adapters.lora import (
     TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
 )
 from vgrpo_lib.integrations.diffusers_adapters.presets import (
-    FLUX1_DEV, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
+    FLUX1_DEV, FLUX2_DEV, FLUX2_KLEIN, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
 )
-from vgrpo_lib.integrations.diffusers_adapters.sd3 import encode_prompts_sd3
 from vgrpo_lib.integrations.diffusers_adapters.velocity import FlowTransformerAdapter
 from vgrpo_lib.integrations.diffusers_adapters.wan import WAN21_T2V, load_wan
 from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
@@ -350,7 +348,6 @@ class DiffusersTask:
         return cond.clone().update(null.clone())
 
     def _encode(self, prompts: list[str]) -> TensorDict:
-        encode = encode_prompts_sd3 if self.base.family == "sd3" else encode_prompts_flux
         kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
         return encode(self.base.pipe, prompts, **kwargs)
 
@@ -363,7 +360,7 @@ class DiffusersTask:
             raise RuntimeError("this DiffusersTask already made its policy (the LoRA adapter lives in the pipeline's "
                                "transformer); build a new task for a second, independent policy")
         transformer = self.base.model.transformer
-        add_lora(transformer, r=self.lora_rank, alpha=self.lora_alpha)
+        add_lora(transformer, r=self.lora_rank, alpha=self.lora_alpha, target_modules=self.base.lora_target_modules)
         upcast_trainable_parameters(transformer)
         if self.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
@@ -526,6 +523,10 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
+    # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
+    # examples/grpo/lora/flux2_klein_base/default.yaml).
+    "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
+    "flux.2-klein": HubModel(FLUX2_KLEIN, "flux2-klein", 384),
     ``path``: a local diffusers pipeline directory or hub id (default: the model's, looked up as a directory or
     in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's

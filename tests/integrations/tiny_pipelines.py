@@ -136,3 +136,80 @@ def save_tiny_wan(path: str | Path, seed: int = 0, two_experts: bool = False) ->
                        transformer=_wan_transformer(), **experts)
     pipe.save_pretrained(path)
     return Path(path)
+
+
+# -- FLUX.2 (dev, klein) and Qwen-Image: chat-template tokenizers and decoder-only text encoders -------------------
+
+CHAT_SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+# Renders the user turns only: the real templates' system messages would fill a tiny max_sequence_length.
+USER_TURNS_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|im_start|>{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}{{ c['text'] }}{% endfor %}{% endif %}<|im_end|>{% endif %}{% endfor %}"
+)
+CHAT_LENGTH = 16  # pass as max_sequence_length (FLUX.2 pads every prompt to it)
+
+
+def chat_tokenizer(template: str = USER_TURNS_TEMPLATE):
+    """A character-level ``PreTrainedTokenizerFast`` (printable ASCII and newline) with a pad token and a chat
+    template, built in code: what the FLUX.2 and Qwen-Image pipelines call (``apply_chat_template``, padding)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(CHAT_SPECIALS + chars)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
+                                   additional_special_tokens=CHAT_SPECIALS[2:], model_max_length=1024)
+    fast.chat_template = template
+    return fast
+
+
+def _mistral3_encoder(vocab_size: int):
+    """FLUX.2-dev's Mistral3ForConditionalGeneration, tiny: 30 text layers (the pipeline reads layers 10, 20, 30)."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, PixtralVisionConfig
+
+    text = MistralConfig(vocab_size=vocab_size, hidden_size=8, intermediate_size=16, num_hidden_layers=30,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=64)
+    vision = PixtralVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 image_size=16, patch_size=8, head_dim=4)
+    return Mistral3ForConditionalGeneration(Mistral3Config(vision_config=vision, text_config=text, image_token_index=1,
+                                                           spatial_merge_size=1))
+
+
+def _qwen3_encoder(vocab_size: int):
+    """FLUX.2 klein's Qwen3ForCausalLM, tiny: 27 layers (the pipeline reads layers 9, 18, 27)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size, hidden_size=8, intermediate_size=16, num_hidden_layers=27,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                                        max_position_embeddings=64))
+
+
+FLUX2_IMAGE_SIZE = 16  # latents (16, 4, 4): 4 channels x 2x2 patches of the 2x VAE latent (8x8)
+
+
+def save_tiny_flux2(path: str | Path, klein: bool = False, seed: int = 0) -> Path:
+    """A tiny Flux2Pipeline (guidance-distilled like FLUX.2-dev, Mistral3 encoder) or, with ``klein``, a
+    Flux2KleinPipeline (no guidance embedding, Qwen3 encoder) written to ``path``. The VAE's batch-norm statistics
+    are random, so the latent normalisation is exercised."""
+    from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline,
+                           Flux2Transformer2DModel)
+
+    torch.manual_seed(seed)
+    tokenizer = chat_tokenizer()
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4 * LATENT_CHANNELS, num_layers=1,
+                                          num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                          joint_attention_dim=3 * 8, timestep_guidance_channels=16, mlp_ratio=2.0,
+                                          axes_dims_rope=(2, 2, 2, 2), guidance_embeds=not klein)
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1,
+                             latent_channels=LATENT_CHANNELS, norm_num_groups=4, sample_size=FLUX2_IMAGE_SIZE)
+    vae.bn.running_mean.normal_(0.0, 0.5)
+    vae.bn.running_var.uniform_(0.5, 2.0)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    pipeline_class, encoder = (Flux2KleinPipeline, _qwen3_encoder) if klein else (Flux2Pipeline, _mistral3_encoder)
+    pipe = pipeline_class(scheduler=scheduler, vae=vae, text_encoder=encoder(len(tokenizer)), tokenizer=tokenizer,
+                          transformer=transformer)
+    pipe.save_pretrained(path)
+    return Path(path)
