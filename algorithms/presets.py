@@ -9,6 +9,8 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
 - ``official-sd3.5-medium``: ``OFFICIAL`` at the official SD3.5-M scale (``OFFICIAL_SD3``: 48 prompts x 24
   samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task;
 - ``official-mnist-sd3``: ``OFFICIAL`` on the shipped MNIST-SD3 pipeline at its preset's scale (``PIPELINES``).
+- ``wan2.1-t2v`` (``HUB_PRESETS``): a hub model at the settings of its official RL recipes, for every algorithm (the
+  recipe's own where one exists, its scale for the others); needs the weights (``model.path``) and prompts.
 
 The fidelity tables of docs/concepts/baselines.md list each official setting, where it was read and what stands for it here.
 The SD3.5-M and FLUX.1-dev presets train hub models and therefore run only where those weights exist (and
@@ -23,7 +25,7 @@ from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
 from vgrpo_lib.integrations.tasks.registry import resolve_task_name
 
 __all__ = [
-    "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
+    "HUB_PRESETS", "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
     "build_config", "preset_overrides", "task_namespace", "task_overrides",
 ]
 
@@ -177,11 +179,45 @@ PIPELINE_TASKS = {
     "mnist-sd3/geneval_ocr": {**_GENEVAL, "common": [*_GENEVAL["common"], "advantage.multi_reward=normalize_then_sum"]},
 }
 
+# Hub models at their official RL recipes' settings: "common" for every algorithm, then the algorithm's own.
+HUB_PRESETS = {
+    # Wan 2.1 T2V 1.3B, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/wan21/t2v.yaml (Flow-GRPO: 48 prompts x
+    # 16 videos of 5 frames at 256 px, 10 steps, lr 1e-4, weight decay 1e-4, LoRA r 64 / alpha 128, clip 1e-4,
+    # advantages clipped to 5, no KL, Flow-SDE noise 0.9 on one of steps 1-3, CFG 5, EMA 0.9 every 4 epochs, 2
+    # gradient steps per epoch, CLIP 1 + PickScore 0.5 normalised per reward: "gdpo") and
+    # examples/nft/lora/wan21/t2v.yaml (DiffusionNFT: single-frame 480x832 videos, 12-step ODE, beta 0.1 = strength,
+    # 4 trained timesteps, old-policy decay ramp 0.001 up to 0.5, LoRA r 128 / alpha 128, PickScore, 1 step).
+    # Not reproduced: Flow-Factory draws ONE SDE step among steps 1-3 per rollout (here: steps 1-3 all SDE and
+    # trained), evaluates at 480 px / 13 frames (here: the training size) and NFT's timestep_range 0.9. V-GRPO has no
+    # Wan recipe: the paper's estimator (K = 4, soft-clipped advantages, one step) at the Flow-GRPO recipe's scale.
+    "wan2.1-t2v": {
+        "common": [
+            "task=wan2.1-t2v", "group_size=16", "prompts_per_iteration=48", "optim.lr=1e-4", "optim.weight_decay=1e-4",
+            "model.image_size=256", "model.frames=5", "rollout.num_steps=10", "eval.num_steps=28",
+            "model.lora_rank=64", "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5",
+            "advantage.multi_reward=normalize_then_sum",
+        ],
+        "flow_grpo": [
+            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=0.9", "flow_grpo.timestep_fraction=0.3",
+            "flow_grpo.cfg_scale=5.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
+            "optim.minibatches=2",
+        ],
+        "diffusion_nft": [
+            "model.image_size=480x832", "model.frames=1", "rollout.num_steps=12", "eval.num_steps=20",
+            "model.lora_rank=128", "model.lora_alpha=128", "model.reward=pickscore", "diffusion_nft.strength=0.1",
+            "diffusion_nft.advantage_max=5", "diffusion_nft.timestep_fraction=0.34", "diffusion_nft.decay_rate=0.001",
+            "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0", "optim.minibatch_size=none",
+            "optim.minibatches=1",
+        ],
+        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
+    },
+}
+
 OFFICIAL_ON_PIPELINE = {f"official-{pipeline}": pipeline for pipeline in PIPELINES}
 """``official-<pipeline>``: every algorithm's official settings (``OFFICIAL``) on a pipeline preset's model, task,
 batch and step counts (what ``vgrpo compare --preset <pipeline>`` runs)."""
 
-PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER, *PIPELINES, *OFFICIAL_ON_PIPELINE)
+PRESETS = ("testbed", "official", "official-sd3.5-medium", *PAPER, *PIPELINES, *OFFICIAL_ON_PIPELINE, *HUB_PRESETS)
 
 
 def task_namespace(preset: str) -> str:
@@ -211,6 +247,8 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
             raise ValueError(f"No {preset!r} settings for {algo!r}; the preset covers "
                              f"{', '.join(k for k in PIPELINES[preset] if k != 'common')}.")
         return _common_then_own(PIPELINES[preset], algo)
+    if preset in HUB_PRESETS:
+        return _common_then_own(HUB_PRESETS[preset], algo)
     raise ValueError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")
 
 
