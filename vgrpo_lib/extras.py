@@ -33,6 +33,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "rewards": ("transformers", "rapidocr_onnxruntime", "PIL"),
     "tensorboard": ("tensorboard",),
     "wandb": ("wandb",),
+    "server": ("fastapi", "uvicorn"),
     "test": ("pytest", "hypothesis"),
 }
 

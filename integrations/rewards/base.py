@@ -113,6 +113,11 @@ class MultiReward(nn.Module):
         self.register_buffer("weights", torch.tensor([float(weights[n]) for n in self.names]), persistent=False)
 
     def forward(self, images: torch.Tensor, prompts: Sequence[str]) -> MultiRewardOutput:
-        per_reward = torch.stack([self.rewards[name](images, prompts) for name in self.names], dim=1)
+        # Served rewards (they have `submit`) start first, in the background: the local ones score meanwhile.
+        pending = {name: reward.submit(images, prompts) for name, reward in self.rewards.items()
+                   if hasattr(reward, "submit")}
+        scores = {name: reward(images, prompts) for name, reward in self.rewards.items() if name not in pending}
+        scores.update({name: future.result() for name, future in pending.items()})
+        per_reward = torch.stack([scores[name] for name in self.names], dim=1)
         total = per_reward @ self.weights.to(per_reward.device)
         return MultiRewardOutput(per_reward, total)
