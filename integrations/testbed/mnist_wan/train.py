@@ -1,0 +1,422 @@
+"""Training and measuring the MNIST-Wan pipeline, resumable from its own checkpoints.
+
+    python -m vgrpo_lib.integrations.testbed.mnist_wan.train --work DIR     # or: ... pretrain mnist_wan
+
+Two stages, seeded and bitwise deterministic on one machine at ``NUM_THREADS`` torch thread; both use a
+constant learning rate after warmup, so the first k steps of a longer run ARE the run of k steps:
+
+1. VAE (``vae_loss``): ``AutoencoderKLWan`` on fresh clips every step (a random MNIST-5k ``"train"`` digit
+   moving in a random direction, ``render.render_clips``). Loss: MNIST-SD3's L1 + MSE on pixels plus a tiny
+   KL (``VAE_RECIPE["kl"]``); AdamW.
+2. Flow (``flow_loss``): every ``"train"`` digit in every direction is encoded once (``latent_pool``);
+   ``set_latent_statistics`` sets the VAE's per-channel ``latents_mean`` / ``latents_std`` from the posterior
+   means, which the pipeline un-normalises with, so the transformer sees latents of unit scale:
+   ``z = (mean + std * eps - latents_mean) / latents_std``. The transformer and the UMT5 encoder then train
+   jointly by rectified flow in the pipeline's conventions: ``x_t = (1 - t) z + t eps``, velocity target
+   ``eps - z`` (what ``UniPCMultistepScheduler``'s ``flow_prediction`` converts with ``x0 = x_t - t v``),
+   ``timestep = 1000 t``, ``t`` logit-normal; prompts of the ``"train"`` phrasings, replaced by ``""`` with
+   probability ``p_uncond`` (caption dropout: the pipeline's negative prompt is ``""``, so CFG works).
+
+Resuming: the whole state (weights, optimiser, schedule, the stage's generator, step) is written atomically to
+``WORK/state.pt`` every ``PROGRESS[...]["checkpoint"]`` steps, and a run started on the same ``--work`` continues
+from it, bitwise as if never stopped. Every ``PROGRESS["flow"]["probe"]`` flow steps the transformer and text
+encoder are also kept (``WORK/snapshots/flow_STEP.pt``) with their sample measurements in ``WORK/probes.jsonl``,
+so the step to ship can be chosen for headroom afterwards (``finish --step``). ``finish`` measures the chosen
+weights and writes the pipeline folder (``WORK/pipeline``) with its model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from vgrpo_lib.integrations.atomic import atomic_write
+from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.testbed.data import load_mnist
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import optimizer_step, reconstruction_loss
+
+from .build import FLOW_SHIFT, TEXT_LENGTH, build_pipeline, build_scheduler
+from .card import describe, model_card
+from .prompts import motion_prompts
+from .render import DIRECTIONS, classifier_view, measured_direction, render_clips
+
+__all__ = [
+    "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "vae_loss", "encode_moments",
+    "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips", "generate",
+    "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan", "main",
+]
+
+NUM_THREADS = 1  # the thread count the shipped weights are reproducible at (float sums change order with it)
+VAE_RECIPE = dict(steps=3000, batch_size=16, lr=2e-3, warmup=50, kl=1e-6, seed=100)
+FLOW_RECIPE = dict(steps=18000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
+PROGRESS = {"vae": dict(checkpoint=50, probe=500, log=25), "flow": dict(checkpoint=250, probe=2000, log=100)}
+EVAL = dict(seed=1234, num_steps=20, guidance_scales=(1.0, 4.0), per_prompt=2, probe_per_prompt=1,
+            probe_settings=((FLOW_SHIFT, 1.0), (1.0, 1.0), (FLOW_SHIFT, 4.0)))
+"""Sampling for the card (``guidance_scales``, ``per_prompt`` clips per ``"eval"`` prompt) and for the probes during
+training (``probe_settings``: (flow_shift, guidance scale) pairs, ``probe_per_prompt`` clips per prompt)."""
+
+
+def vae_batch(digits: torch.Tensor, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """``batch_size`` fresh clips ``(B, 3, F, 32, 32)`` in model space [-1, 1]: random digits of ``digits``
+    ``(N, 1, 28, 28)``, random directions and start offsets, all from ``generator``."""
+    idx = torch.randint(0, len(digits), (batch_size,), generator=generator)
+    directions = torch.randint(0, len(DIRECTIONS), (batch_size,), generator=generator)
+    return render_clips(digits[idx], directions, generator) * 2 - 1
+
+
+def vae_loss(vae, x: torch.Tensor, kl: float, generator: torch.Generator) -> torch.Tensor:
+    """Reconstruction (L1 + MSE) of clips ``x`` ``(B, 3, F, H, W)`` through a posterior sample, plus ``kl`` x KL."""
+    posterior = vae.encode(x).latent_dist
+    z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=generator)
+    return reconstruction_loss(vae.decode(z).sample, x) + kl * posterior.kl().mean()
+
+
+@torch.no_grad()
+def encode_moments(vae, clips: torch.Tensor, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Posterior mean and std, unnormalised, of ``clips`` ``(N, 3, F, H, W)`` in [0, 1]: two ``(N, 16, f, h, w)``."""
+    means, stds = [], []
+    for chunk in clips.split(batch):
+        dist = vae.encode(chunk * 2 - 1).latent_dist
+        means.append(dist.mean)
+        stds.append(dist.std)
+    return torch.cat(means), torch.cat(stds)
+
+
+def set_latent_statistics(vae, means: torch.Tensor) -> None:
+    """Wan's latent normalisation: per channel ``latents_mean`` and ``latents_std`` of posterior means ``(N, C, ...)``."""
+    per_channel = means.transpose(0, 1).flatten(1)
+    vae.register_to_config(latents_mean=[round(v, 4) for v in per_channel.mean(1).tolist()],
+                           latents_std=[round(v, 4) for v in per_channel.std(1).tolist()])
+
+
+def _statistics(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (1, -1) + (1,) * (like.ndim - 2)
+    mean = torch.tensor(vae.config.latents_mean, dtype=like.dtype).view(shape)
+    return mean, torch.tensor(vae.config.latents_std, dtype=like.dtype).view(shape)
+
+
+@torch.no_grad()
+def latent_pool(vae, seed: int, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised posterior moments of every ``"train"`` digit moving in every direction (12,000 clips, start
+    offsets from ``seed``): ``(means, stds, digits, directions)``, the first two ``(N, 16, 3, 8, 8)``."""
+    digits, labels = load_mnist("train")
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.arange(len(labels)).repeat_interleave(len(DIRECTIONS))
+    directions = torch.arange(len(DIRECTIONS)).repeat(len(labels))
+    means, stds = [], []
+    for idx, dirs in zip(index.split(chunk), directions.split(chunk)):
+        mean, std = encode_moments(vae, render_clips(digits[idx], dirs, gen))
+        means.append(mean)
+        stds.append(std)
+    return torch.cat(means), torch.cat(stds), labels[index], directions
+
+
+def flow_batch(vae, pool: tuple, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, list[str]]:
+    """One rectified-flow batch: normalised latents ``z`` ``(B, 16, 3, 8, 8)`` drawn from ``pool`` and, for each,
+    a random ``"train"`` phrasing of its digit and direction."""
+    means, stds, digits, directions = pool
+    idx = torch.randint(0, len(digits), (batch_size,), generator=generator)
+    raw = means[idx] + stds[idx] * torch.randn(means[idx].shape, generator=generator)
+    mean, std = _statistics(vae, raw)
+    by_pair = {}
+    for prompt, digit, direction in motion_prompts("train"):
+        by_pair.setdefault((digit, direction), []).append(prompt)
+    pick = torch.randint(0, len(by_pair[(0, 0)]), (batch_size,), generator=generator).tolist()
+    prompts = [by_pair[(int(digits[i]), int(directions[i]))][j] for i, j in zip(idx.tolist(), pick)]
+    return (raw - mean) / std, prompts
+
+
+def encode_text(pipe, prompts: list[str]) -> torch.Tensor:
+    """``pipe.encode_prompt`` WITH gradients (the UMT5 encoder trains jointly): ``(B, TEXT_LENGTH, 64)``."""
+    embeds, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=TEXT_LENGTH)
+    return embeds
+
+
+def flow_loss(pipe, z: torch.Tensor, prompts: list[str], p_uncond: float, generator: torch.Generator) -> torch.Tensor:
+    """Rectified flow on normalised latents ``z`` ``(B, C, f, h, w)``: caption dropout, logit-normal ``t``,
+    ``x_t = (1 - t) z + t eps``, ``mse(v, eps - z)`` with ``v = transformer(x_t, 1000 t, text)``."""
+    drop = (torch.rand(len(prompts), generator=generator) < p_uncond).tolist()
+    prompts = ["" if d else p for p, d in zip(prompts, drop)]
+    t = torch.sigmoid(torch.randn(len(prompts), generator=generator))
+    eps = torch.randn(z.shape, generator=generator)
+    tb = t.view(-1, *[1] * (z.ndim - 1))
+    v = pipe.transformer(hidden_states=(1 - tb) * z + tb * eps, timestep=1000 * t,
+                         encoder_hidden_states=encode_text(pipe, prompts), return_dict=False)[0]
+    return torch.nn.functional.mse_loss(v, eps - z)
+
+
+@torch.no_grad()
+def read_clips(classifier, clips: torch.Tensor) -> torch.Tensor:
+    """The clip-level digit ``(B,)`` a classifier reads from clips ``(B, C, F, H, W)``: the argmax of its class
+    probabilities averaged over the frames' ``classifier_view``."""
+    views = classifier_view(clips)
+    probs = classifier(views.flatten(0, 1)).softmax(-1).view(*views.shape[:2], -1)
+    return probs.mean(1).argmax(-1)
+
+
+@torch.no_grad()
+def generate(pipe, prompts: list[str], guidance_scale: float, seed: int, num_steps: int, batch: int = 120):
+    """The pipeline's own clips for ``prompts``: ``(B, 3, F, 32, 32)`` in [0, 1] (noise from ``seed``)."""
+    gen = torch.Generator().manual_seed(seed)
+    pipe.set_progress_bar_config(disable=True)
+    clips = []
+    for lo in range(0, len(prompts), batch):
+        frames = pipe(prompts[lo:lo + batch], height=32, width=32, num_frames=9, num_inference_steps=num_steps,
+                      guidance_scale=guidance_scale, generator=gen, max_sequence_length=TEXT_LENGTH,
+                      output_type="pt").frames  # (B, F, C, H, W)
+        clips.append(frames.permute(0, 2, 1, 3, 4))
+    return torch.cat(clips)
+
+
+def sample_metrics(pipe, classifiers: dict, per_prompt: int, guidance_scale: float, seed: int,
+                   num_steps: int) -> dict:
+    """On the ``"eval"`` prompts (``per_prompt`` clips each): per classifier (name -> model) the clip-level digit
+    accuracy, the centre-of-mass direction accuracy, and both at once (by the first classifier)."""
+    triples = motion_prompts("eval")
+    prompts = [p for p, _, _ in triples for _ in range(per_prompt)]
+    digits = torch.tensor([d for _, d, _ in triples for _ in range(per_prompt)])
+    directions = torch.tensor([k for _, _, k in triples for _ in range(per_prompt)])
+    clips = generate(pipe, prompts, guidance_scale, seed, num_steps)
+    moved = measured_direction(clips) == directions
+    out = {"direction_accuracy": moved.float().mean().item()}
+    for i, (name, classifier) in enumerate(classifiers.items()):
+        right = read_clips(classifier, clips) == digits
+        out[f"{name}_digit_accuracy"] = right.float().mean().item()
+        if i == 0:
+            out["both_accuracy"] = (right & moved).float().mean().item()
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+@torch.no_grad()
+def vae_round_trip(vae, classifier, n: int = 200, seed: int = 7) -> dict:
+    """Clips of ``n`` ``"eval"`` digits (cycling directions) and their reconstructions (posterior means): digit
+    accuracy of each by ``classifier``, direction accuracy by centre of mass, pixel MAE."""
+    digits, labels = load_mnist("eval")
+    directions = torch.arange(n) % len(DIRECTIONS)
+    clips = render_clips(digits[:n], directions, torch.Generator().manual_seed(seed))
+    recon = ((vae.decode(vae.encode(clips * 2 - 1).latent_dist.mean).sample + 1) / 2).clamp(0, 1)
+    out = {}
+    for name, c in (("original", clips), ("reconstruction", recon)):
+        out[f"{name}_digit_accuracy"] = (read_clips(classifier, c) == labels[:n]).float().mean().item()
+        out[f"{name}_direction_accuracy"] = (measured_direction(c) == directions).float().mean().item()
+    out["pixel_mae"] = (recon - clips).abs().mean().item()
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def _save(path: Path, payload: dict) -> None:
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def _log_progress(log, stage: str, step: int, steps: int, loss: float, started: float, first_step: int) -> None:
+    elapsed = time.perf_counter() - started
+    rate = (step - first_step) / max(elapsed, 1e-9)
+    eta = (steps - step) / rate if rate > 0 else float("nan")
+    log(f"{stage} step {step}/{steps} loss {loss:.4f} | {rate:.2f} steps/s, stage ETA {eta / 60:.0f} min "
+        f"({time.strftime('%H:%M:%S')})")
+
+
+def _stage_loop(stage: str, steps: int, start_step: int, step_fn, checkpoint_fn, probe_fn, log) -> None:
+    every = PROGRESS[stage]
+    started = time.perf_counter()
+    for step in range(start_step, steps):
+        loss = step_fn()
+        done = step + 1
+        if done % every["log"] == 0 or done == start_step + 1:
+            _log_progress(log, stage, done, steps, loss, started, start_step)
+        if done % every["probe"] == 0 or done == steps:
+            probe_fn(done)
+        if done % every["checkpoint"] == 0 or done == steps:
+            checkpoint_fn(done)
+
+
+def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dict = FLOW_RECIPE):
+    """Run (or resume, from ``work/state.pt``) both stages; returns the trained pipeline (see the module doc)."""
+    work = Path(work)
+    (work / "snapshots").mkdir(parents=True, exist_ok=True)
+    state_path = work / "state.pt"
+    pipe = build_pipeline(seed=0)
+    classifier = load_pretrained("classifier")
+    state = torch.load(state_path, weights_only=False) if state_path.exists() else {"stage": "vae", "step": 0}
+    log(f"state: stage {state['stage']} step {state['step']} (torch threads {torch.get_num_threads()})")
+    flow_modules = {"transformer": pipe.transformer, "text_encoder": pipe.text_encoder}
+
+    def probe_log(record: dict) -> None:
+        with open(work / "probes.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        log(f"probe {record}")
+
+    if state["stage"] == "vae":
+        r = vae_recipe
+        digits, _ = load_mnist("train")
+        gen = torch.Generator().manual_seed(r["seed"])
+        opt = torch.optim.AdamW(pipe.vae.parameters(), lr=r["lr"], weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / r["warmup"]))
+        if state["step"]:
+            pipe.vae.load_state_dict(state["vae"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            gen.set_state(state["generator"])
+        pipe.vae.train()
+
+        def vae_step() -> float:
+            loss = vae_loss(pipe.vae, vae_batch(digits, r["batch_size"], gen), r["kl"], gen)
+            optimizer_step(opt, sched, loss)
+            return loss.item()
+
+        def vae_checkpoint(step: int) -> None:
+            _save(state_path, {"stage": "vae" if step < r["steps"] else "flow", "step": step if step < r["steps"] else 0,
+                               "vae": pipe.vae.state_dict(), "optimizer": opt.state_dict(),
+                               "scheduler": sched.state_dict(), "generator": gen.get_state()})
+
+        def vae_probe(step: int) -> None:
+            pipe.vae.eval()
+            probe_log({"stage": "vae", "step": step, **vae_round_trip(pipe.vae, classifier)})
+            pipe.vae.train()
+
+        _stage_loop("vae", r["steps"], state["step"], vae_step, vae_checkpoint, vae_probe, log)
+        state = torch.load(state_path, weights_only=False)
+    pipe.vae.load_state_dict(state["vae"])
+    pipe.vae.eval().requires_grad_(False)
+
+    r = flow_recipe
+    started = time.perf_counter()
+    pool = latent_pool(pipe.vae, r["pool_seed"])
+    set_latent_statistics(pipe.vae, pool[0])
+    log(f"latent pool: {len(pool[2])} clips encoded in {time.perf_counter() - started:.0f} s; latents_mean "
+        f"{pipe.vae.config.latents_mean}, latents_std {pipe.vae.config.latents_std}")
+    if state["stage"] == "flow":
+        gen = torch.Generator().manual_seed(r["seed"])
+        params = [p for m in flow_modules.values() for p in m.parameters()]
+        opt = torch.optim.AdamW(params, lr=r["lr"], weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / r["warmup"]))
+        if state["step"]:
+            for name, module in flow_modules.items():
+                module.load_state_dict(state[name])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            gen.set_state(state["generator"])
+        for module in flow_modules.values():
+            module.train()
+
+        def flow_step() -> float:
+            z, prompts = flow_batch(pipe.vae, pool, r["batch_size"], gen)
+            loss = flow_loss(pipe, z, prompts, r["p_uncond"], gen)
+            optimizer_step(opt, sched, loss, clip_params=params)
+            return loss.item()
+
+        def flow_weights() -> dict:
+            return {name: {k: v.clone() for k, v in m.state_dict().items()} for name, m in flow_modules.items()}
+
+        def flow_checkpoint(step: int) -> None:
+            finished = step >= r["steps"]
+            _save(state_path, {"stage": "done" if finished else "flow", "step": step, "vae": state["vae"],
+                               **flow_weights(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                               "generator": gen.get_state()})
+
+        def flow_probe(step: int) -> None:
+            _save(work / "snapshots" / f"flow_{step}.pt", flow_weights())
+            for module in flow_modules.values():
+                module.eval()
+            for shift, scale in EVAL["probe_settings"]:
+                pipe.scheduler = build_scheduler(shift)
+                metrics = sample_metrics(pipe, {"classifier": classifier}, EVAL["probe_per_prompt"], scale,
+                                         EVAL["seed"], EVAL["num_steps"])
+                probe_log({"stage": "flow", "step": step, "flow_shift": shift, "guidance_scale": scale, **metrics})
+            pipe.scheduler = build_scheduler()
+            for module in flow_modules.values():
+                module.train()
+
+        _stage_loop("flow", r["steps"], state["step"], flow_step, flow_checkpoint, flow_probe, log)
+        state = torch.load(state_path, weights_only=False)
+    for name, module in flow_modules.items():
+        module.load_state_dict(state[name])
+        module.eval()
+    return pipe
+
+
+def measure(pipe) -> dict:
+    """The model card's numbers: the VAE round trip and, per guidance scale, ``sample_metrics`` by the testbed
+    classifier (the reward's) and the judge (an MLP on a disjoint split)."""
+    classifiers = {"classifier": load_pretrained("classifier"), "judge": load_pretrained("judge")}
+    out = {"vae_round_trip": vae_round_trip(pipe.vae, classifiers["classifier"])}
+    for scale in EVAL["guidance_scales"]:
+        out[f"cfg{scale:g}"] = sample_metrics(pipe, classifiers, EVAL["per_prompt"], scale, EVAL["seed"],
+                                              EVAL["num_steps"])
+    return out
+
+
+def save_pipeline(pipe, card: dict, folder: Path) -> None:
+    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors) plus ``card.json`` and the model card
+    ``README.md`` into ``folder``, replacing it as a whole (written next to it, then renamed)."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
+    pipe.to(torch.float32)
+    card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
+    (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (tmp / "README.md").write_text(model_card(card))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
+def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict | None = None) -> dict:
+    """Measure ``pipe`` (with the flow weights of snapshot ``step`` if given) and write ``work/pipeline``."""
+    if step is not None:
+        snapshot = torch.load(Path(work) / "snapshots" / f"flow_{step}.pt", weights_only=False)
+        pipe.transformer.load_state_dict(snapshot["transformer"])
+        pipe.text_encoder.load_state_dict(snapshot["text_encoder"])
+    log("measuring the samples ...")
+    started = time.perf_counter()
+    metrics = measure(pipe)
+    flow_recipe = {**FLOW_RECIPE, "steps": step or FLOW_RECIPE["steps"]}
+    card = describe(pipe, metrics, VAE_RECIPE, flow_recipe, EVAL,
+                    {**(seconds or {}), "measure_s": round(time.perf_counter() - started)})
+    save_pipeline(pipe, card, Path(work) / "pipeline")
+    log(f"wrote {Path(work) / 'pipeline'}: {metrics}")
+    return card
+
+
+def pretrain_mnist_wan(log=print, work: Path = Path("runs/mnist_wan")) -> dict:
+    """The whole rebuild at ``NUM_THREADS`` thread: train (resuming from ``work``), measure, write ``work/pipeline``."""
+    torch.set_num_threads(NUM_THREADS)
+    start = time.perf_counter()
+    pipe = train(Path(work), log)
+    return finish(pipe, Path(work), log, seconds={"train_s_this_session": round(time.perf_counter() - start)})
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Pretrain (or resume) MNIST-Wan; write WORK/pipeline.")
+    parser.add_argument("--work", type=Path, default=Path("runs/mnist_wan"),
+                        help="folder of the resumable state, snapshots, probes and the final pipeline")
+    parser.add_argument("--finish-step", type=int, default=None,
+                        help="after training, ship the flow snapshot of this step instead of the last one")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(NUM_THREADS)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    log(f"MNIST-Wan pretraining, code at commit {_commit()}, pid {os.getpid()}, work {args.work}")
+    start = time.perf_counter()
+    pipe = train(args.work, log)
+    finish(pipe, args.work, log, args.finish_step, {"train_s_this_session": round(time.perf_counter() - start)})
+
+
+if __name__ == "__main__":
+    main()
