@@ -35,12 +35,14 @@ from .flux import FluxVelocity, encode_prompts_flux
 from .flux2 import FLUX2_LORA_TARGET_MODULES, Flux2Velocity, decode_flux2, encode_prompts_flux2, flux2_latent_shape, flux2_sigma_grid
 from .latents import decode_latents, latent_shape, vae_scale_factor
 from .lora import ATTENTION_TARGET_MODULES, add_behaviour_adapter, add_lora, upcast_trainable_parameters
+from .qwen_image import (QWEN_IMAGE_LORA_TARGET_MODULES, QwenImageVelocity, decode_qwen_image, encode_prompts_qwen_image,
+                         qwen_image_latent_shape, true_cfg_qwen_image)
 from .schedules import sigma_grid_from_scheduler_config
 from .sd3 import SD3Velocity, encode_prompts_sd3
-from .velocity import FlowTransformerAdapter
+from .velocity import FlowTransformerAdapter, classifier_free_guidance
 
 __all__ = [
-    "SD35_MEDIUM", "FLUX1_DEV", "FLUX2_DEV", "FLUX2_KLEIN", "FAMILIES", "DiffusersPolicy", "PipelineFamily",
+    "SD35_MEDIUM", "FLUX1_DEV", "FLUX2_DEV", "FLUX2_KLEIN", "QWEN_IMAGE", "FAMILIES", "DiffusersPolicy", "PipelineFamily",
     "absent_components", "load_policy", "load_sd35_medium", "load_flux_dev",
 ]
 
@@ -48,6 +50,7 @@ SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
 FLUX2_DEV = "black-forest-labs/FLUX.2-dev"
 FLUX2_KLEIN = "black-forest-labs/FLUX.2-klein-base-4B"
+QWEN_IMAGE = "Qwen/Qwen-Image"
 
 
 def _vae_latent_shape(vae, height: int, width: int) -> tuple[int, int, int]:
@@ -79,6 +82,8 @@ class PipelineFamily:
         sigma_grid: ``sigma_grid(scheduler_config, num_steps, (C, h, w)) -> [1, ..., 0]``, the pipeline's time grid.
         decode: ``decode(vae, latents (B, C, h, w)) -> images (B, 3, H, W)`` in [0, 1].
         lora_target_modules: what ``add_lora`` adapts (module-name suffixes, or one regular expression).
+        guidance: ``guidance(model, negative_cond, scale) -> model``, the pipeline's CFG against an encoded negative
+            prompt (plain CFG; Qwen-Image's norm-rescaled true CFG), used by evaluation with a negative prompt.
     """
 
     pipeline: str
@@ -88,6 +93,7 @@ class PipelineFamily:
     sigma_grid: Callable[..., list[float]] = _patch_token_grid
     decode: Callable[..., torch.Tensor] = decode_latents
     lora_target_modules: str | Sequence[str] = ATTENTION_TARGET_MODULES
+    guidance: Callable[..., torch.nn.Module] = classifier_free_guidance
 
 
 _FLUX2 = dict(velocity=Flux2Velocity, encode=encode_prompts_flux2, latent_shape=flux2_latent_shape,
@@ -98,6 +104,9 @@ FAMILIES: dict[str, PipelineFamily] = {
     "flux": PipelineFamily("FluxPipeline", FluxVelocity, encode_prompts_flux),
     "flux2": PipelineFamily("Flux2Pipeline", **_FLUX2),
     "flux2-klein": PipelineFamily("Flux2KleinPipeline", **_FLUX2),
+    "qwen-image": PipelineFamily("QwenImagePipeline", QwenImageVelocity, encode_prompts_qwen_image,
+                                 latent_shape=qwen_image_latent_shape, decode=decode_qwen_image,
+                                 lora_target_modules=QWEN_IMAGE_LORA_TARGET_MODULES, guidance=true_cfg_qwen_image),
 }
 """The pipeline kinds ``load_policy`` knows, by ``family`` name."""
 

@@ -54,7 +54,7 @@ from vgrpo_lib.integrations.diffusers_adapters.lora import (
     TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
 )
 from vgrpo_lib.integrations.diffusers_adapters.presets import (
-    FLUX1_DEV, FLUX2_DEV, FLUX2_KLEIN, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
+    FLUX1_DEV, FLUX2_DEV, FLUX2_KLEIN, QWEN_IMAGE, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
 )
 from vgrpo_lib.integrations.diffusers_adapters.velocity import FlowTransformerAdapter
 from vgrpo_lib.integrations.diffusers_adapters.wan import WAN21_T2V, load_wan
@@ -289,7 +289,8 @@ class DiffusersTask:
                  eval_prompts=None, lora_rank: int = 32, lora_alpha: int = 64, max_sequence_length: int | None = None,
                  gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
                  eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None,
-                 evaluation_metrics: Mapping[str, str] | None = None):
+                 evaluation_metrics: Mapping[str, str] | None = None, negative_prompt: str | None = None,
+                 true_cfg_scale: float = 1.0):
         if getattr(base.model.transformer, "peft_config", None):
             raise ValueError("DiffusersTask adds its own LoRA adapter: load the DiffusersPolicy with lora_rank=None.")
         self.base = base
@@ -314,6 +315,9 @@ class DiffusersTask:
         return next(self.base.model.transformer.parameters()).device
 
     # -- prompts and conditioning ----------------------------------------------------------------------
+        negative_prompt, true_cfg_scale: evaluation samples under the pipeline's CFG against this prompt at this
+            scale (Qwen-Image: its norm-rescaled true CFG) when the prompt is set and the scale exceeds 1; else
+            CFG-free. Training never uses them.
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator | None = None) -> list[str]:
         """``num_prompts`` training prompts drawn uniformly with replacement."""
@@ -335,6 +339,10 @@ class DiffusersTask:
                 self._cache[prompt] = encoded[i].clone()
         rows = []
         for prompt in prompts:
+        if negative_prompt is not None and not hasattr(base, "spec"):
+            raise ValueError(f"model.negative_prompt: true CFG at evaluation is for the image pipelines; "
+                             f"{type(base).__name__} has none.")
+        self.negative_prompt, self.true_cfg_scale = negative_prompt, true_cfg_scale
             self._cache.move_to_end(prompt)
             rows.append(self._cache[prompt])
         while len(self._cache) > self.cache_size:
@@ -398,7 +406,8 @@ class DiffusersTask:
     @torch.no_grad()
     def sample(self, policy: nn.Module, prompts: Sequence[str], num_steps: int = 40,
                generator: torch.Generator | None = None) -> torch.Tensor:
-        """CFG-free ODE samples on the pipeline's own time grid, decoded: images ``(B, 3, H, W)`` on the CPU.
+        """ODE samples on the pipeline's own time grid (of :meth:`evaluation_policy`: CFG-free unless the task has a
+        negative prompt), decoded: images ``(B, 3, H, W)`` on the CPU.
 
         All the initial noise is drawn up front on the CPU from ``generator`` (a seed gives the same images
         for any ``batch_size``); batches of ``batch_size`` are integrated on the pipeline's device.
@@ -436,6 +445,7 @@ class DiffusersTask:
     def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike, title: str = "",
                       max_rows: int = 30, max_per_row: int = 8, thumbnail: int = 128) -> Path:
         """A PNG grid of evaluation images (prompts repeated consecutively), each shrunk to at most ``thumbnail`` px,
+        policy = self.evaluation_policy(policy)
         under ``title``, written atomically: one row per prompt labelled with it (whole, up to 48 characters), at most
         ``max_per_row`` images each. Every prompt has its row when there are at most ``max_rows`` (MNIST-SD3's 30
         digit prompts); else ``max_rows`` prompts evenly spaced over them, first and last included (30 of the OCR
@@ -444,6 +454,14 @@ class DiffusersTask:
         index, starts = prompt_rows(len(prompts), per_prompt, max_per_row, max_rows, spread=True)
         images = images[index].float().clamp(0, 1)
         scale = min(1.0, thumbnail / max(images.shape[-2:]))
+    def evaluation_policy(self, policy: nn.Module) -> nn.Module:
+        """``policy`` as :meth:`sample` integrates it: under the pipeline's CFG against ``negative_prompt`` at
+        ``true_cfg_scale`` (the family's ``guidance``; Qwen-Image's norm-rescaled true CFG) when the prompt is set and
+        the scale exceeds 1, else ``policy`` itself."""
+        if self.negative_prompt is None or self.true_cfg_scale <= 1.0:
+            return policy
+        return self.base.spec.guidance(policy, self.condition([self.negative_prompt]), self.true_cfg_scale)
+
         if scale < 1.0:
             images = F.interpolate(images, scale_factor=scale, mode="bilinear", antialias=True).clamp(0, 1)
         labels = [_short(prompts[i]) for i in starts]
@@ -519,10 +537,17 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
              device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
              gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
              metrics: Callable | None = None, label: Callable | None = None,
-             evaluation_metrics: Mapping[str, str] | None = None, frames: int | None = None) -> DiffusersTask:
+             evaluation_metrics: Mapping[str, str] | None = None, frames: int | None = None,
+             negative_prompt: str | None = None, true_cfg_scale: float = 1.0) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
+    # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
+    # examples/grpo/lora/flux2_klein_base/default.yaml).
+    "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
+    "flux.2-klein": HubModel(FLUX2_KLEIN, "flux2-klein", 384),
+    # Flow-Factory's Qwen-Image recipes train at 512 px (examples/grpo/lora/qwen_image/default.yaml).
+    "qwen-image": HubModel(QWEN_IMAGE, "qwen-image", 512),
     # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
     # examples/grpo/lora/flux2_klein_base/default.yaml).
     "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
@@ -534,7 +559,8 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     model's (512 SD3.5-M, 720 FLUX.1-dev). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
     zero tokens instead, see :func:`vgrpo_lib.integrations.diffusers_adapters.presets.load_policy`). ``frames``: a
     video model's frames per sample (``wan2.1-t2v``: a :class:`vgrpo_lib.integrations.tasks.wan.WanTask`; default
-    81). The other arguments are :class:`DiffusersTask`'s.
+    81). ``negative_prompt`` / ``true_cfg_scale``: evaluation under true CFG (image models). The other arguments are
+    :class:`DiffusersTask`'s.
 
     Raises ``MissingWeightsError`` (a ``RuntimeError``) when the pipeline is neither at ``path`` nor in the Hugging
     Face cache, and ``ValueError`` when no prompt file is given; both say what is missing.
@@ -581,3 +607,5 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         label=label,
         evaluation_metrics=evaluation_metrics,
     )
+        negative_prompt=negative_prompt,
+        true_cfg_scale=true_cfg_scale,

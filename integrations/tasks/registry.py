@@ -97,6 +97,8 @@ def _entries() -> dict[str, TaskEntry]:
     }
         "flux.2-dev": "FLUX.2-dev (weights needed locally), prompts and reward by the model section",
         "flux.2-klein": "FLUX.2 klein base (weights needed locally), prompts and reward by the model section",
+        "qwen-image": "Qwen-Image (weights needed locally), prompts and reward by the model section",
+    }
     entries += [TaskEntry(name, description, _needs_diffusers(name, lambda settings, name=name: hub_task(name, **settings)), "hub")
                 for name, description in hub_models.items()]
     return {entry.name: entry for entry in entries}

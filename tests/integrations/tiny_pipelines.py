@@ -213,3 +213,41 @@ def save_tiny_flux2(path: str | Path, klein: bool = False, seed: int = 0) -> Pat
                           transformer=transformer)
     pipe.save_pretrained(path)
     return Path(path)
+
+
+QWEN_IMAGE_SIZE = 16  # latents (4, 8, 8) at the tiny VAE's scale 2: 16 tokens of 2x2 patches
+# Text tokens per prompt (pass as max_sequence_length): the character-level tokenizer spends ~130 tokens on the
+# pipeline's own system template (its first 34 dropped), so the prompt follows after them.
+QWEN_IMAGE_LENGTH = 192
+
+
+def save_tiny_qwen_image(path: str | Path, seed: int = 0) -> Path:
+    """A tiny QwenImagePipeline written to ``path``: Qwen2.5-VL text encoder (2 layers; the pipeline reads the last
+    hidden state), the one-frame video VAE with non-trivial ``latents_mean`` / ``latents_std``, and Qwen-Image's
+    scheduler config (dynamic shift over 256..8192 tokens, max shift 0.9, ``shift_terminal`` 0.02)."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = chat_tokenizer()
+    text = dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, bos_token_id=2,
+                eos_token_id=3, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, hidden_size=8, intermediate_size=16, num_heads=2, out_hidden_size=16, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1, fullatt_block_indexes=[0])
+    encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=1,
+                                                                  video_token_id=1, vision_start_token_id=1))
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=LATENT_CHANNELS, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
+                                 temperal_downsample=[False], latents_mean=[0.1, -0.2, 0.3, 0.0],
+                                 latents_std=[1.5, 0.7, 1.2, 2.0])
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=4 * LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+                                              num_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                              joint_attention_dim=16, axes_dims_rope=(2, 2, 4))
+    scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
+                                                max_shift=0.9, shift=1.0, shift_terminal=0.02, use_dynamic_shifting=True,
+                                                time_shift_type="exponential")
+    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=encoder, tokenizer=tokenizer,
+                             transformer=transformer)
+    pipe.save_pretrained(path)
+    return Path(path)

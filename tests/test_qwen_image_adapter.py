@@ -1,0 +1,175 @@
+"""Qwen-Image through the hub path: a tiny random ``QwenImagePipeline`` folder built from the real component classes
+(tests.integrations.tiny_pipelines), checked against the pipeline's own code (CFG-free and with true CFG against a
+negative prompt), trained from the CLI by each algorithm with ``model.path=``, resumed, exported and loaded back
+with ``load_lora_weights``."""
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
+from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides  # noqa: E402
+from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
+from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
+from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
+from vgrpo_lib.integrations.diffusers_adapters import (  # noqa: E402
+    QwenImageVelocity, encode_images_qwen_image, encode_prompts_qwen_image, load_policy, true_cfg_qwen_image,
+)
+from vgrpo_lib.integrations.tasks.hub import DiffusersTask  # noqa: E402
+from vgrpo_lib.samplers import sample_ode  # noqa: E402
+from tests.integrations.tiny_pipelines import QWEN_IMAGE_LENGTH, QWEN_IMAGE_SIZE, save_tiny_qwen_image  # noqa: E402
+
+PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
+NEGATIVE = " "
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen_image")
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    return {"path": save_tiny_qwen_image(root / "qwen"), "prompts": root / "prompts.txt"}
+
+
+def hub_overrides(pipeline) -> list[str]:
+    return [
+        f"model.path={pipeline['path']}", f"model.prompts={pipeline['prompts']}", "model.reward=jpeg_compressibility",
+        f"model.image_size={QWEN_IMAGE_SIZE}", "model.lora_rank=4", "model.lora_alpha=8", "model.dtype=float32",
+        f"model.max_sequence_length={QWEN_IMAGE_LENGTH}", "model.device=cpu",
+    ]
+
+
+def frozen_pipeline(pipeline):
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline.from_pretrained(pipeline["path"], dtype=torch.float32)
+
+
+def test_grid_is_the_schedulers_with_qwen_images_shift_and_terminal():
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    from vgrpo_lib.integrations.diffusers_adapters import sigma_grid_from_scheduler_config
+
+    scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
+                                                max_shift=0.9, shift=1.0, shift_terminal=0.02, use_dynamic_shifting=True,
+                                                time_shift_type="exponential")
+    for steps, tokens in ((2, 16), (10, 1024), (30, 4096)):
+        mu = calculate_shift(tokens, 256, 8192, 0.5, 0.9)
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        grid = sigma_grid_from_scheduler_config(scheduler.config, steps, image_seq_len=tokens)
+        assert len(grid) == steps + 1 and grid[-1] == 0.0
+        assert grid[-2] == pytest.approx(0.02), "the last nonzero time is the config's shift_terminal"
+        torch.testing.assert_close(torch.tensor(grid, dtype=torch.float32), scheduler.sigmas, rtol=0, atol=1e-6)
+    # One step has no time to stretch (diffusers divides by zero there): [1, 0].
+    assert sigma_grid_from_scheduler_config(scheduler.config, 1, image_seq_len=16) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("true_cfg", [False, True])
+def test_euler_rollout_and_decode_reproduce_the_pipeline(pipeline, true_cfg):
+    """The adapter on (B, 4, h, w) latents (prompts of different lengths, padded and masked), vgrpo_lib's Euler sampler
+    on the task's grid and ``decode_qwen_image`` give the pipeline's own latents and images; with a negative prompt
+    and ``true_cfg_scale`` 4, ``true_cfg_qwen_image`` is the pipeline's norm-rescaled true CFG."""
+    pipe = frozen_pipeline(pipeline)
+    policy = load_policy(str(pipeline["path"]), "qwen-image", dtype=torch.float32, lora_rank=None, autocast=False,
+                         local_files_only=True)
+    assert isinstance(policy.model, QwenImageVelocity)
+    shape = policy.latent_shape(QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE)
+    assert shape == (4, 8, 8)
+    noise = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0))
+    prompts = ["a red cat", "x"]
+    kwargs = dict(prompt=prompts, height=QWEN_IMAGE_SIZE, width=QWEN_IMAGE_SIZE, num_inference_steps=3,
+                  max_sequence_length=QWEN_IMAGE_LENGTH, true_cfg_scale=4.0)
+    if true_cfg:
+        kwargs["negative_prompt"] = NEGATIVE
+    packed = pipe._pack_latents(noise, 2, 4, 8, 8)  # the pipeline's own token layout
+    tokens = pipe(latents=packed, output_type="latent", **kwargs).images
+    images = pipe(latents=packed, output_type="pt", **kwargs).images
+
+    cond = encode_prompts_qwen_image(policy.pipe, prompts, max_sequence_length=QWEN_IMAGE_LENGTH)
+    assert cond["prompt_embeds"].shape == (2, QWEN_IMAGE_LENGTH, 16)
+    lengths = cond["prompt_embeds_mask"].sum(dim=1)
+    assert lengths[0] > lengths[1] and not cond["prompt_embeds"][1, lengths[1]:].any(), "padded with masked zeros"
+    model = policy.model
+    if true_cfg:
+        model = true_cfg_qwen_image(model, encode_prompts_qwen_image(policy.pipe, [NEGATIVE], QWEN_IMAGE_LENGTH), 4.0)
+    grid = policy.sigma_grid(3, QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE)
+    with torch.no_grad():
+        sample = sample_ode(model, noise, grid, cond, method="euler")
+        torch.testing.assert_close(pipe._pack_latents(sample, 2, 4, 8, 8), tokens, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(policy.decode(sample), images, rtol=1e-4, atol=1e-5)
+
+
+def test_image_encoding_is_the_pipelines_normalisation(pipeline):
+    pipe = frozen_pipeline(pipeline)
+    images = torch.rand(2, 3, QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        latents = encode_images_qwen_image(pipe.vae, images)
+        raw = pipe.vae.encode((images * 2 - 1)[:, :, None]).latent_dist.mode()[:, :, 0]
+        mean, std = torch.tensor(pipe.vae.config.latents_mean), torch.tensor(pipe.vae.config.latents_std)
+        assert latents.shape == (2, 4, 8, 8)
+        torch.testing.assert_close(latents, (raw - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1))
+
+
+def test_true_cfg_at_evaluation_is_the_negative_prompts_and_training_stays_cfg_free(pipeline):
+    plain = load_task("qwen-image", apply_overrides(TrainConfig(), hub_overrides(pipeline)).model)
+    guided = load_task("qwen-image", apply_overrides(TrainConfig(), [
+        *hub_overrides(pipeline), f"model.negative_prompt={NEGATIVE}", "model.true_cfg_scale=4.0"]).model)
+    assert isinstance(guided, DiffusersTask) and guided.base.family == "qwen-image"
+    policy = guided.load_policy()
+    assert plain.evaluation_policy(policy) is policy
+    g = torch.Generator().manual_seed(3)
+    x, t = torch.randn((2, *guided.sample_shape), generator=g), torch.rand(2, generator=g)
+    cond = guided.condition(PROMPTS[:2])
+    negative = encode_prompts_qwen_image(guided.base.pipe, [NEGATIVE], QWEN_IMAGE_LENGTH)
+    with torch.no_grad():
+        expected = true_cfg_qwen_image(policy, negative, 4.0)(x, t, cond)
+        torch.testing.assert_close(guided.evaluation_policy(policy)(x, t, cond), expected)
+        assert not torch.allclose(expected, policy(x, t, cond))
+    first = guided.sample(policy, PROMPTS[:2], num_steps=2, generator=torch.Generator().manual_seed(0))
+    assert first.shape == (2, 3, QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE)
+    with pytest.raises(RuntimeError, match="already made its policy"):
+        guided.load_policy()
+
+
+ALGORITHMS = {
+    "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
+    "flow_grpo": ["flow_grpo.ref_kl_coef=0.04", "flow_grpo.cfg_scale=2.0"],
+    "diffusion_nft": ["diffusion_nft.ref_kl_coef=1e-4"],
+}
+TINY = ["iterations=2", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=2", "eval.per_prompt=1",
+        "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01"]
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_cli_trains_resumes_exactly_and_exports_a_lora_the_pipeline_loads(pipeline, algo, tmp_path):
+    straight, cut, out = tmp_path / "straight", tmp_path / "cut", tmp_path / "lora"
+    argv = ["train", "--algo", algo, "--task", "qwen-image", *TINY, *ALGORITHMS[algo], *hub_overrides(pipeline)]
+    assert cli_main([*argv, "--out", str(straight)]) == 0
+    state = RunDir(straight).load_latest_checkpoint()
+    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
+    assert any("img_mlp.net.2.lora_A" in k for k in state["policy"])
+
+    Trainer(RunDir(straight).train_config(), cut, progress=False).train(until=1)
+    assert cli_main(["train", "--out", str(cut), "--resume"]) == 0
+    resumed = RunDir(cut).load_latest_checkpoint()
+    assert resumed["iteration"] == 2
+    for key, value in state["policy"].items():
+        torch.testing.assert_close(resumed["policy"][key], value, rtol=1e-5, atol=1e-6)
+
+    assert cli_main(["export", "--run", str(straight), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
+    assert f"pipe = QwenImagePipeline.from_pretrained({str(pipeline['path'])!r})" in (out / "README.md").read_text()
+    pipe = frozen_pipeline(pipeline)
+    pipe.load_lora_weights(out)
+    trainer = Trainer.resume(straight, progress=False)
+    task = trainer.task
+    g = torch.Generator().manual_seed(2)
+    x, t = torch.randn((3, *task.sample_shape), generator=g), torch.rand(3, generator=g)
+    cond = task.condition(PROMPTS[:3])
+    with torch.no_grad():
+        trained = trainer.policy(x, t, cond)
+        torch.testing.assert_close(QwenImageVelocity(pipe.transformer)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(task.reference_policy(trainer.policy)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
