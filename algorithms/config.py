@@ -532,7 +532,6 @@ class ModelConfig(Section):
         None, rule=AT_LEAST_ONE,
         help="Video models (wan2.1-t2v): frames per video, 4k + 1 (1, 5, 33, 81). None: the model's (Wan: 81).",
     )
-
     negative_prompt: str | None = setting(
         None, help="Evaluation only: the negative prompt of true CFG (qwen-image: ' ', as its pipeline examples). "
         "None: CFG-free evaluation. Training rollouts and losses stay CFG-free.",
@@ -541,6 +540,7 @@ class ModelConfig(Section):
         1.0, rule=POSITIVE, help="Evaluation only: the true-CFG scale against model.negative_prompt (qwen-image: 4.0, "
         "its pipeline's default; the norm-rescaled CFG of QwenImagePipeline). 1: no CFG.",
     )
+
 
 @dataclass
 class DistributedConfig(Section):

@@ -283,6 +283,9 @@ class DiffusersTask:
             images by ``vgrpo sample``.
         evaluation_metrics: the headline numbers of :meth:`evaluate` and their labels, ``{key: label}`` (the
             trainer checks them, plots them and shows the first while training); default ``reward_mean``.
+        negative_prompt, true_cfg_scale: evaluation samples under the pipeline's CFG against this prompt at this
+            scale (Qwen-Image: its norm-rescaled true CFG) when the prompt is set and the scale exceeds 1; else
+            CFG-free. Training never uses them.
     """
 
     def __init__(self, base: DiffusersPolicy, prompts, reward, image_size: int | tuple[int, int] = 512, *,
@@ -305,6 +308,10 @@ class DiffusersTask:
         self.batch_size, self.cache_size, self.eval_solver = batch_size, cache_size, eval_solver
         self.metrics, self.label = metrics, label
         self.evaluation_metrics = dict(evaluation_metrics or {"reward_mean": "mean reward"})
+        if negative_prompt is not None and not hasattr(base, "spec"):
+            raise ValueError(f"model.negative_prompt: true CFG at evaluation is for the image pipelines; "
+                             f"{type(base).__name__} has none.")
+        self.negative_prompt, self.true_cfg_scale = negative_prompt, true_cfg_scale
         self._cache: OrderedDict[str, TensorDict] = OrderedDict()
         self._policy: LoRAPolicy | None = None
         self._reward = None
@@ -315,9 +322,6 @@ class DiffusersTask:
         return next(self.base.model.transformer.parameters()).device
 
     # -- prompts and conditioning ----------------------------------------------------------------------
-        negative_prompt, true_cfg_scale: evaluation samples under the pipeline's CFG against this prompt at this
-            scale (Qwen-Image: its norm-rescaled true CFG) when the prompt is set and the scale exceeds 1; else
-            CFG-free. Training never uses them.
 
     def sample_prompts(self, num_prompts: int, generator: torch.Generator | None = None) -> list[str]:
         """``num_prompts`` training prompts drawn uniformly with replacement."""
@@ -339,10 +343,6 @@ class DiffusersTask:
                 self._cache[prompt] = encoded[i].clone()
         rows = []
         for prompt in prompts:
-        if negative_prompt is not None and not hasattr(base, "spec"):
-            raise ValueError(f"model.negative_prompt: true CFG at evaluation is for the image pipelines; "
-                             f"{type(base).__name__} has none.")
-        self.negative_prompt, self.true_cfg_scale = negative_prompt, true_cfg_scale
             self._cache.move_to_end(prompt)
             rows.append(self._cache[prompt])
         while len(self._cache) > self.cache_size:
@@ -357,7 +357,7 @@ class DiffusersTask:
 
     def _encode(self, prompts: list[str]) -> TensorDict:
         kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
-        return encode(self.base.pipe, prompts, **kwargs)
+        return self.base.encode_prompts(prompts, **kwargs)
 
     # -- policies ------------------------------------------------------------------------------------------
 
@@ -414,6 +414,7 @@ class DiffusersTask:
         """
         noise = torch.randn((len(prompts), *self.sample_shape), generator=generator)
         grid = self.time_grid(num_steps)
+        policy = self.evaluation_policy(policy)
         device, images = self.device, []
         for start in range(0, len(prompts), self.batch_size):
             chunk = list(prompts[start : start + self.batch_size])
@@ -421,6 +422,14 @@ class DiffusersTask:
             z = noise[start : start + len(chunk)].to(device)
             images.append(self.decode(sample_ode(policy, z, grid, cond, method=self.eval_solver)))
         return torch.cat(images)
+
+    def evaluation_policy(self, policy: nn.Module) -> nn.Module:
+        """``policy`` as :meth:`sample` integrates it: under the pipeline's CFG against ``negative_prompt`` at
+        ``true_cfg_scale`` (the family's ``guidance``; Qwen-Image's norm-rescaled true CFG) when the prompt is set and
+        the scale exceeds 1, else ``policy`` itself."""
+        if self.negative_prompt is None or self.true_cfg_scale <= 1.0:
+            return policy
+        return self.base.spec.guidance(policy, self.condition([self.negative_prompt]), self.true_cfg_scale)
 
     def labels(self, prompts: Sequence[str]) -> list | None:
         """What each prompt asks for (``label(prompt)``), or None for a task without labels."""
@@ -445,7 +454,6 @@ class DiffusersTask:
     def write_samples(self, images: torch.Tensor, prompts: Sequence[str], path: str | os.PathLike, title: str = "",
                       max_rows: int = 30, max_per_row: int = 8, thumbnail: int = 128) -> Path:
         """A PNG grid of evaluation images (prompts repeated consecutively), each shrunk to at most ``thumbnail`` px,
-        policy = self.evaluation_policy(policy)
         under ``title``, written atomically: one row per prompt labelled with it (whole, up to 48 characters), at most
         ``max_per_row`` images each. Every prompt has its row when there are at most ``max_rows`` (MNIST-SD3's 30
         digit prompts); else ``max_rows`` prompts evenly spaced over them, first and last included (30 of the OCR
@@ -454,14 +462,6 @@ class DiffusersTask:
         index, starts = prompt_rows(len(prompts), per_prompt, max_per_row, max_rows, spread=True)
         images = images[index].float().clamp(0, 1)
         scale = min(1.0, thumbnail / max(images.shape[-2:]))
-    def evaluation_policy(self, policy: nn.Module) -> nn.Module:
-        """``policy`` as :meth:`sample` integrates it: under the pipeline's CFG against ``negative_prompt`` at
-        ``true_cfg_scale`` (the family's ``guidance``; Qwen-Image's norm-rescaled true CFG) when the prompt is set and
-        the scale exceeds 1, else ``policy`` itself."""
-        if self.negative_prompt is None or self.true_cfg_scale <= 1.0:
-            return policy
-        return self.base.spec.guidance(policy, self.condition([self.negative_prompt]), self.true_cfg_scale)
-
         if scale < 1.0:
             images = F.interpolate(images, scale_factor=scale, mode="bilinear", antialias=True).clamp(0, 1)
         labels = [_short(prompts[i]) for i in starts]
@@ -510,6 +510,12 @@ HUB_MODELS = {
     "sd3.5-medium": HubModel(SD35_MEDIUM, "sd3", 512),
     # DanceGRPO / MixGRPO train FLUX.1-dev at 720 px (uncertain for the V-GRPO paper, which does not say).
     "flux.1-dev": HubModel(FLUX1_DEV, "flux", 720),
+    # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
+    # examples/grpo/lora/flux2_klein_base/default.yaml).
+    "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
+    "flux.2-klein": HubModel(FLUX2_KLEIN, "flux2-klein", 384),
+    # Flow-Factory's Qwen-Image recipes train at 512 px (examples/grpo/lora/qwen_image/default.yaml).
+    "qwen-image": HubModel(QWEN_IMAGE, "qwen-image", 512),
     # Wan 2.1 T2V 1.3B at WanPipeline's own size, 480x832 (its video length: model.frames, default 81); the
     # wan2.1-t2v preset trains at Flow-Factory's scale (vgrpo_lib.algorithms.presets.HUB_PRESETS).
     "wan2.1-t2v": HubModel(WAN21_T2V, "wan", (480, 832)),
@@ -542,16 +548,6 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
-    # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
-    # examples/grpo/lora/flux2_klein_base/default.yaml).
-    "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
-    "flux.2-klein": HubModel(FLUX2_KLEIN, "flux2-klein", 384),
-    # Flow-Factory's Qwen-Image recipes train at 512 px (examples/grpo/lora/qwen_image/default.yaml).
-    "qwen-image": HubModel(QWEN_IMAGE, "qwen-image", 512),
-    # Flow-Factory's FLUX.2 recipes train at 512 px (dev, examples/grpo/lora/flux2/t2i.yaml) and 384 px (klein base,
-    # examples/grpo/lora/flux2_klein_base/default.yaml).
-    "flux.2-dev": HubModel(FLUX2_DEV, "flux2", 512),
-    "flux.2-klein": HubModel(FLUX2_KLEIN, "flux2-klein", 384),
     ``path``: a local diffusers pipeline directory or hub id (default: the model's, looked up as a directory or
     in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
@@ -606,6 +602,6 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         metrics=metrics,
         label=label,
         evaluation_metrics=evaluation_metrics,
-    )
         negative_prompt=negative_prompt,
         true_cfg_scale=true_cfg_scale,
+    )

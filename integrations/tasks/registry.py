@@ -92,12 +92,11 @@ def _entries() -> dict[str, TaskEntry]:
     hub_models = {
         "sd3.5-medium": "Stable Diffusion 3.5 Medium (weights needed locally), prompts and reward by the model section",
         "flux.1-dev": "FLUX.1-dev (weights needed locally), prompts and reward by the model section",
-        "wan2.1-t2v": "Wan 2.1/2.2 text-to-video (a WanPipeline folder, model.path), videos of model.frames frames; "
-                      "prompts and an image reward (averaged over the frames) by the model section",
-    }
         "flux.2-dev": "FLUX.2-dev (weights needed locally), prompts and reward by the model section",
         "flux.2-klein": "FLUX.2 klein base (weights needed locally), prompts and reward by the model section",
         "qwen-image": "Qwen-Image (weights needed locally), prompts and reward by the model section",
+        "wan2.1-t2v": "Wan 2.1/2.2 text-to-video (a WanPipeline folder, model.path), videos of model.frames frames; "
+                      "prompts and an image reward (averaged over the frames) by the model section",
     }
     entries += [TaskEntry(name, description, _needs_diffusers(name, lambda settings, name=name: hub_task(name, **settings)), "hub")
                 for name, description in hub_models.items()]
