@@ -218,7 +218,7 @@ class Trainer:
 
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""
-        clock = PhaseClock()
+        clock = PhaseClock(next(self.policy.parameters()).device)  # on a GPU also each phase's peak memory
         controlled = self.control.apply(self.iteration)  # scheduled lr / clip range / KL coefficients
         prompts, cond, group = local_prompts(self.task, self.config, self.shard, self.generator)
         with self._autocast():
@@ -252,6 +252,7 @@ class Trainer:
             **losses,
             **controlled,
             **clock.seconds(),
+            **clock.peak_memory(),
             "nfe_per_sample": sum(nfe.values()),
             **{f"nfe_{phase}": value for phase, value in nfe.items()},
             "nfe_cumulative": self.counters["nfe"],
