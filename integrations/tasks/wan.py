@@ -37,7 +37,7 @@ from vgrpo_lib.integrations.diffusers_adapters.wan import WanExperts, WanPolicy
 from vgrpo_lib.integrations.tasks.hub import DiffusersTask, LoRAPolicy, make_reward
 
 __all__ = ["EXPERT_LORA_FILES", "FrameMeanMultiReward", "FrameMeanReward", "WanTask", "frame_mean_reward",
-           "frame_strips"]
+           "frame_strips", "frames_as_images"]
 
 EXPERT_LORA_FILES = ("pytorch_lora_weights.safetensors", "transformer_2_lora_weights.safetensors")
 """The exported LoRA file of each expert: ``transformer`` (diffusers' default name, what ``load_lora_weights(DIR)``
