@@ -14,6 +14,9 @@ detectors are written by ``python -m vgrpo_lib.integrations.testbed.geneval_digi
 ``mnist_sd3_geneval`` (not part of ``all``) trains the second pipeline, on GenEval's digit compositions
 (:mod:`vgrpo_lib.integrations.testbed.geneval_digits.pipeline`), and writes ``checkpoints/mnist_sd3_geneval/``.
 
+``mnist_wan`` (not part of ``all``) trains the MNIST-Wan ``WanPipeline`` at one thread, resumably, in
+``runs/mnist_wan/`` (hours; :mod:`vgrpo_lib.integrations.testbed.mnist_wan.train`, whose own command takes ``--work``).
+
 ``mnist_sd3`` (not part of ``all``) trains the MNIST-SD3 ``StableDiffusion3Pipeline`` and writes the folder
 ``checkpoints/mnist_sd3/`` with its model card (:mod:`vgrpo_lib.integrations.testbed.mnist_sd3.train`; about 20 minutes at
 two torch threads on two cores, after ``classifier``, whose readings the card reports).
@@ -259,6 +262,7 @@ def pretrain_policy(name: str) -> dict:
 PIPELINES = {
     "mnist_sd3": ("vgrpo_lib.integrations.testbed.mnist_sd3.train", "pretrain_mnist_sd3"),
     "mnist_sd3_geneval": ("vgrpo_lib.integrations.testbed.geneval_digits.pipeline", "pretrain_geneval_pipeline"),
+    "mnist_wan": ("vgrpo_lib.integrations.testbed.mnist_wan.train", "pretrain_mnist_wan"),
 }
 """The shipped diffusers pipelines (not part of ``all``): name -> (module, ``f(log) -> card``), imported on use
 (they need diffusers)."""

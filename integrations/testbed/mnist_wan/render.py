@@ -120,7 +120,8 @@ def measured_displacement(clips: torch.Tensor) -> torch.Tensor:
 
 
 def measured_direction(clips: torch.Tensor) -> torch.Tensor:
-    """Index into ``DIRECTIONS`` ``(B,)`` of the direction closest to ``measured_displacement`` (largest dot product)."""
+    """Index into ``DIRECTIONS`` ``(B,)`` of the direction closest to ``measured_displacement`` (the largest dot
+    product)."""
     return (measured_displacement(clips) @ DIRECTION_VECTORS.T.to(clips.dtype)).argmax(-1)
 
 

@@ -90,7 +90,8 @@ def encode_moments(vae, clips: torch.Tensor, batch: int = 64) -> tuple[torch.Ten
 
 
 def set_latent_statistics(vae, means: torch.Tensor) -> None:
-    """Wan's latent normalisation: per channel ``latents_mean`` and ``latents_std`` of posterior means ``(N, C, ...)``."""
+    """Wan's latent normalisation: per channel ``latents_mean`` and ``latents_std`` of posterior means
+    ``(N, C, ...)``."""
     per_channel = means.transpose(0, 1).flatten(1)
     vae.register_to_config(latents_mean=[round(v, 4) for v in per_channel.mean(1).tolist()],
                            latents_std=[round(v, 4) for v in per_channel.std(1).tolist()])
@@ -271,7 +272,8 @@ def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dic
             return loss.item()
 
         def vae_checkpoint(step: int) -> None:
-            _save(state_path, {"stage": "vae" if step < r["steps"] else "flow", "step": step if step < r["steps"] else 0,
+            finished = step >= r["steps"]
+            _save(state_path, {"stage": "flow" if finished else "vae", "step": 0 if finished else step,
                                "vae": pipe.vae.state_dict(), "optimizer": opt.state_dict(),
                                "scheduler": sched.state_dict(), "generator": gen.get_state()})
 
@@ -368,7 +370,8 @@ def save_pipeline(pipe, card: dict, folder: Path) -> None:
 
 
 def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict | None = None) -> dict:
-    """Measure ``pipe`` (with the flow weights of snapshot ``step`` if given) and write ``work/pipeline``."""
+    """Measure ``pipe`` (with the flow weights of snapshot ``step`` if given) and write ``work/pipeline``;
+    ``seconds["total_s"]`` is this process's training time (a resumed run counts only its own)."""
     if step is not None:
         snapshot = torch.load(Path(work) / "snapshots" / f"flow_{step}.pt", weights_only=False)
         pipe.transformer.load_state_dict(snapshot["transformer"])
@@ -389,7 +392,7 @@ def pretrain_mnist_wan(log=print, work: Path = Path("runs/mnist_wan")) -> dict:
     torch.set_num_threads(NUM_THREADS)
     start = time.perf_counter()
     pipe = train(Path(work), log)
-    return finish(pipe, Path(work), log, seconds={"train_s_this_session": round(time.perf_counter() - start)})
+    return finish(pipe, Path(work), log, seconds={"total_s": round(time.perf_counter() - start)})
 
 
 def _commit() -> str:
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"MNIST-Wan pretraining, code at commit {_commit()}, pid {os.getpid()}, work {args.work}")
     start = time.perf_counter()
     pipe = train(args.work, log)
-    finish(pipe, args.work, log, args.finish_step, {"train_s_this_session": round(time.perf_counter() - start)})
+    finish(pipe, args.work, log, args.finish_step, {"total_s": round(time.perf_counter() - start)})
 
 
 if __name__ == "__main__":
