@@ -25,7 +25,9 @@ class VelocityModel(Protocol):
     """A velocity model ``model(x_t, t, cond) -> v``.
 
     Args:
-        x_t: ``(N, *D)`` the noised samples at time ``t`` (``D`` the sample shape: pixels, latents, 2-D points).
+        x_t: ``(N, *D)`` the noised samples at time ``t`` (``D`` the sample's event shape: 2-D points ``(2,)``, image
+            latents ``(C, H, W)``, video latents ``(C, F, H, W)``; every estimator, loss and sampler reduces over all
+            of ``D``, so the number and meaning of its dimensions never matter).
         t: ``(N,)`` float in ``[0, 1]``, one time per row, with ``t = 1`` pure noise and ``t = 0`` data; its dtype
             and device follow ``x_t``. The samplers pass one time for the whole batch, repeated to ``(N,)``.
         cond: a Tensor or TensorDict with batch size ``N`` (row ``i`` conditions ``x_t[i]``), or None.
