@@ -20,7 +20,9 @@ What the adapter translates (checked against `WanPipeline.__call__` in diffusers
   (`pipe.encode_prompt`), encoded once per prompt.
 - Wan 2.2 A14B has two experts: `transformer` for `1000 t >= boundary_ratio * 1000` (high noise) and
   `transformer_2` below (low noise). `WanExperts` routes each row of a batch to its expert, so a batch of ELBO pairs
-  at mixed times calls each expert once; LoRA adapters go on both, switched together.
+  at mixed times calls each expert once; LoRA adapters go on both, switched together. (UniPC's integer timesteps
+  can make the pipeline switch one step later than the exact `1000 t` when a grid time lies within 1/1000 above
+  the boundary.)
 - Wan 2.2 TI2V-5B (`expand_timesteps`) takes one timestep per token: `(B, F * H/2 * W/2)`, all equal for text-to-video.
 - the VAE works on `(vae_latent - latents_mean) / latents_std` per channel; `decode` undoes that as the pipeline does,
   `encode` applies it (the posterior's mode).

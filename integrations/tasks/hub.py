@@ -552,7 +552,7 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
     in the Hugging Face cache; nothing is downloaded). ``prompts`` / ``eval_prompts``: a file or a list of
     strings. ``reward``: a reward spec or callable (default ``"pickscore"``). ``device``: default this process's
     GPU, the CPU without CUDA. ``gradient_checkpointing``: default on with CUDA. ``image_size``: default the
-    model's (512 SD3.5-M, 720 FLUX.1-dev). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
+    model's (512 SD3.5-M, 720 FLUX.1-dev, 480x832 Wan). ``without_t5``: SD3 without its T5 encoder (``max_sequence_length``
     zero tokens instead, see :func:`vgrpo_lib.integrations.diffusers_adapters.presets.load_policy`). ``frames``: a
     video model's frames per sample (``wan2.1-t2v``: a :class:`vgrpo_lib.integrations.tasks.wan.WanTask`; default
     81). ``negative_prompt`` / ``true_cfg_scale``: evaluation under true CFG (image models). The other arguments are
