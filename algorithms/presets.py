@@ -9,7 +9,7 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
 - ``official-sd3.5-medium``: ``OFFICIAL`` at the official SD3.5-M scale (``OFFICIAL_SD3``: 48 prompts x 24
   samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task;
 - ``official-mnist-sd3``: ``OFFICIAL`` on the shipped MNIST-SD3 pipeline at its preset's scale (``PIPELINES``).
-- ``wan2.1-t2v`` (``HUB_PRESETS``): a hub model at the settings of its official RL recipes, for every algorithm (the
+- ``wan2.1-t2v``, ``flux.2-dev``, ``flux.2-klein``, ``qwen-image`` (``HUB_PRESETS``): a hub model at the settings of its official RL recipes, for every algorithm (the
   recipe's own where one exists, its scale for the others); needs the weights (``model.path``) and prompts.
 
 The fidelity tables of docs/concepts/baselines.md list each official setting, where it was read and what stands for it here.
@@ -208,6 +208,84 @@ HUB_PRESETS = {
             "diffusion_nft.advantage_max=5", "diffusion_nft.timestep_fraction=0.34", "diffusion_nft.decay_rate=0.001",
             "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0", "optim.minibatch_size=none",
             "optim.minibatches=1",
+        ],
+        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
+    },
+    # FLUX.2-dev, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/flux2/t2i.yaml (Flow-GRPO: 48 prompts x 16
+    # images at 512 px, 8 steps, distilled guidance 4 (the adapter's default), lr 3e-4, weight decay 1e-4, LoRA r 64 /
+    # alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 1.0 on one of steps 1-3, EMA 0.9 every 4
+    # epochs, 2 gradient steps per epoch, CLIP 1 + PickScore 0.5 normalised per reward: "gdpo"). Flow-Factory has no
+    # DiffusionNFT recipe for dev: its klein-base one (below) at the dev recipe's scale. Not reproduced: the one SDE
+    # step drawn among steps 1-3 (here steps 1-3 all SDE and trained) and the 1024 px evaluation (here the training
+    # size). V-GRPO: the paper's estimator at the Flow-GRPO recipe's scale.
+    "flux.2-dev": {
+        "common": [
+            "task=flux.2-dev", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
+            "model.image_size=512", "rollout.num_steps=8", "eval.num_steps=28", "model.lora_rank=64",
+            "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
+        ],
+        "flow_grpo": [
+            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.375",
+            "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none", "optim.minibatches=2",
+        ],
+        "diffusion_nft": [
+            "optim.lr=1e-4", "diffusion_nft.strength=0.1", "diffusion_nft.advantage_max=5",
+            "diffusion_nft.timestep_fraction=0.25", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
+            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
+        ],
+        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
+    },
+    # FLUX.2 klein base (4B), LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/flux2_klein_base/default.yaml
+    # (Flow-GRPO: 48 prompts x 16 images at 384 px, 8 steps, true CFG 4 against the empty prompt, lr 3e-4, weight decay
+    # 1e-4, LoRA r 64 / alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 0.7 on one of steps 1-3,
+    # EMA 0.9 every 4 epochs, 2 gradient steps per epoch, PickScore) and examples/nft/lora/flux2_klein_base/default.yaml
+    # (DiffusionNFT: beta 0.1 = strength, 2 of the 8 timesteps trained, old-policy decay ramp 0.001 up to 0.5, lr 1e-4,
+    # 1 gradient step). Not reproduced: the NFT recipe's CFG 4 in its ODE rollout (rollouts here are CFG-free), the one
+    # SDE step drawn among steps 1-3, the 1024 px evaluation.
+    "flux.2-klein": {
+        "common": [
+            "task=flux.2-klein", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
+            "model.image_size=384", "rollout.num_steps=8", "eval.num_steps=28", "model.lora_rank=64",
+            "model.lora_alpha=128", "model.reward=pickscore",
+        ],
+        "flow_grpo": [
+            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=0.7", "flow_grpo.timestep_fraction=0.375",
+            "flow_grpo.cfg_scale=4.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
+            "optim.minibatches=2",
+        ],
+        "diffusion_nft": [
+            "optim.lr=1e-4", "diffusion_nft.strength=0.1", "diffusion_nft.advantage_max=5",
+            "diffusion_nft.timestep_fraction=0.25", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
+            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
+        ],
+        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
+    },
+    # Qwen-Image, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/qwen_image/default.yaml (Flow-GRPO: 48 prompts
+    # x 16 images at 512 px, 10 steps, true CFG 4 against the empty prompt, lr 3e-4, weight decay 1e-4, LoRA r 64 /
+    # alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 1.0 on one of steps 1-3, EMA 0.9 every 4
+    # epochs, 2 gradient steps per epoch, CLIP 1 + PickScore 0.5 per reward) and
+    # examples/nft/lora/qwen_image/rational_rewards_t2i.yaml (DiffusionNFT: 32 prompts x 16, 30-step ODE, beta 1, 10
+    # of the 30 timesteps trained, decay ramp 0.001 up to 0.5, lr 2e-4, 1 gradient step, 40-step evaluation). Evaluation
+    # runs the pipeline's norm-rescaled true CFG 4 against the empty prompt, as the recipes evaluate; Flow-GRPO's
+    # training CFG is plain CFG (no norm rescale). Not reproduced: the NFT recipe's RationalRewards VLM reward
+    # (PickScore here) and its CFG in the rollout, the one SDE step drawn among steps 1-3, the 1024 px evaluation.
+    "qwen-image": {
+        "common": [
+            "task=qwen-image", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
+            "model.image_size=512", "rollout.num_steps=10", "eval.num_steps=28", "model.lora_rank=64",
+            "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
+            "model.negative_prompt=", "model.true_cfg_scale=4.0",
+        ],
+        "flow_grpo": [
+            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.3",
+            "flow_grpo.cfg_scale=4.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
+            "optim.minibatches=2",
+        ],
+        "diffusion_nft": [
+            "prompts_per_iteration=32", "rollout.num_steps=30", "eval.num_steps=40", "optim.lr=2e-4",
+            "model.reward=pickscore", "diffusion_nft.strength=1.0", "diffusion_nft.advantage_max=5",
+            "diffusion_nft.timestep_fraction=0.34", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
+            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
         ],
         "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
     },
