@@ -201,7 +201,8 @@ def test_the_installed_wheel_samples_every_shipped_preset_and_task(target, tmp_p
     for module, file in report["files"].items():
         assert Path(file).resolve().is_relative_to(target.resolve()), f"{module} was imported from {file}"
     # the only tasks not sampled here (their weights are not shipped)
-    assert set(report["hub"]) <= {"sd3.5-medium", "flux.1-dev", "wan2.1-t2v"}, report["hub"]
+    assert set(report["hub"]) <= {"sd3.5-medium", "flux.1-dev", "flux.2-dev", "flux.2-klein", "qwen-image",
+                                  "wan2.1-t2v"}, report["hub"]
     failed = [r for r in report["runs"] if r["exit"] != 0 or not r["shape"] or r["shape"][0] < 1]
     assert not failed, failed
     sampled = {(r["preset"], r["task"]) for r in report["runs"]}
