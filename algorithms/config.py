@@ -533,8 +533,8 @@ class ModelConfig(Section):
         help="Video models (wan2.1-t2v): frames per video, 4k + 1 (1, 5, 33, 81). None: the model's (Wan: 81).",
     )
     negative_prompt: str | None = setting(
-        None, help="Evaluation only: the negative prompt of true CFG (qwen-image: ' ', as its pipeline examples). "
-        "None: CFG-free evaluation. Training rollouts and losses stay CFG-free.",
+        None, help="Evaluation only: the negative prompt of true CFG (the qwen-image preset: the empty prompt, as "
+        "Flow-Factory's recipes). None: CFG-free evaluation. Training rollouts and losses stay CFG-free.",
     )
     true_cfg_scale: float = setting(
         1.0, rule=POSITIVE, help="Evaluation only: the true-CFG scale against model.negative_prompt (qwen-image: 4.0, "
