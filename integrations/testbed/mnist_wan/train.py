@@ -48,13 +48,13 @@ from .prompts import motion_prompts
 from .render import DIRECTIONS, classifier_view, measured_direction, render_clips
 
 __all__ = [
-    "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "vae_loss", "encode_moments",
+    "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss", "encode_moments",
     "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips", "generate",
     "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan", "main",
 ]
 
 NUM_THREADS = 1  # the thread count the shipped weights are reproducible at (float sums change order with it)
-VAE_RECIPE = dict(steps=3000, batch_size=16, lr=2e-3, warmup=50, kl=1e-6, seed=100)
+VAE_RECIPE = dict(steps=2000, batch_size=16, lr=2e-3, warmup=50, kl=1e-6, seed=100)
 FLOW_RECIPE = dict(steps=18000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
 PROGRESS = {"vae": dict(checkpoint=50, probe=500, log=25), "flow": dict(checkpoint=250, probe=2000, log=100)}
 EVAL = dict(seed=1234, num_steps=20, guidance_scales=(1.0, 4.0), per_prompt=2, probe_per_prompt=1,
@@ -71,11 +71,28 @@ def vae_batch(digits: torch.Tensor, batch_size: int, generator: torch.Generator)
     return render_clips(digits[idx], directions, generator) * 2 - 1
 
 
+def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
+    """``vae.decode(z)`` before its final clamp to [-1, 1]: ``(B, 3, F, H, W)``.
+
+    ``AutoencoderKLWan`` decodes latent frame by latent frame and clamps the result; a clamped pixel passes no
+    gradient, so a decoder whose output fell below -1 on the mostly black canvas could never bring the strokes
+    back (a first run stalled at an all-black reconstruction). The decoder's per-frame outputs are read by a hook
+    instead."""
+    chunks = []
+    handle = vae.decoder.register_forward_hook(lambda module, args, output: chunks.append(output))
+    try:
+        vae.decode(z)
+    finally:
+        handle.remove()
+    return torch.cat(chunks, dim=2)
+
+
 def vae_loss(vae, x: torch.Tensor, kl: float, generator: torch.Generator) -> torch.Tensor:
-    """Reconstruction (L1 + MSE) of clips ``x`` ``(B, 3, F, H, W)`` through a posterior sample, plus ``kl`` x KL."""
+    """Reconstruction (L1 + MSE, before the decoder's clamp: ``decode_unclamped``) of clips ``x``
+    ``(B, 3, F, H, W)`` through a posterior sample, plus ``kl`` x KL."""
     posterior = vae.encode(x).latent_dist
     z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=generator)
-    return reconstruction_loss(vae.decode(z).sample, x) + kl * posterior.kl().mean()
+    return reconstruction_loss(decode_unclamped(vae, z), x) + kl * posterior.kl().mean()
 
 
 @torch.no_grad()
