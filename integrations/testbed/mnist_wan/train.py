@@ -10,7 +10,7 @@ constant learning rate after warmup, so the first k steps of a longer run ARE th
    KL (``VAE_RECIPE["kl"]``); AdamW.
 2. Flow (``flow_loss``): every ``"train"`` digit in every direction is encoded once (``latent_pool``);
    ``set_latent_statistics`` sets the VAE's per-channel ``latents_mean`` / ``latents_std`` from the posterior
-   means, which the pipeline un-normalises with, so the transformer sees latents of unit scale:
+   samples, which the pipeline un-normalises with, so the transformer sees latents of unit scale:
    ``z = (mean + std * eps - latents_mean) / latents_std``. The transformer and the UMT5 encoder then train
    jointly by rectified flow in the pipeline's conventions: ``x_t = (1 - t) z + t eps``, velocity target
    ``eps - z`` (what ``UniPCMultistepScheduler``'s ``flow_prediction`` converts with ``x0 = x_t - t v``),
@@ -106,12 +106,16 @@ def encode_moments(vae, clips: torch.Tensor, batch: int = 64) -> tuple[torch.Ten
     return torch.cat(means), torch.cat(stds)
 
 
-def set_latent_statistics(vae, means: torch.Tensor) -> None:
-    """Wan's latent normalisation: per channel ``latents_mean`` and ``latents_std`` of posterior means
-    ``(N, C, ...)``."""
-    per_channel = means.transpose(0, 1).flatten(1)
-    vae.register_to_config(latents_mean=[round(v, 4) for v in per_channel.mean(1).tolist()],
-                           latents_std=[round(v, 4) for v in per_channel.std(1).tolist()])
+def set_latent_statistics(vae, means: torch.Tensor, stds: torch.Tensor) -> None:
+    """Wan's latent normalisation, per channel, of the posterior samples the flow trains on (posterior ``means``
+    and ``stds``, ``(N, C, ...)``): ``latents_mean`` the mean of the means, ``latents_std`` the square root of the
+    variance of the means plus the mean posterior variance. A channel the decoder leaves unused keeps the prior's
+    unit noise and means near 0; the spread of the means alone would blow that noise up (a pilot's flow loss
+    started at 31 instead of about 2)."""
+    per_channel_means, per_channel_stds = means.transpose(0, 1).flatten(1), stds.transpose(0, 1).flatten(1)
+    variance = per_channel_means.var(1) + per_channel_stds.pow(2).mean(1)
+    vae.register_to_config(latents_mean=[round(v, 4) for v in per_channel_means.mean(1).tolist()],
+                           latents_std=[round(v, 4) for v in variance.sqrt().tolist()])
 
 
 def _statistics(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,7 +311,7 @@ def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dic
     r = flow_recipe
     started = time.perf_counter()
     pool = latent_pool(pipe.vae, r["pool_seed"])
-    set_latent_statistics(pipe.vae, pool[0])
+    set_latent_statistics(pipe.vae, pool[0], pool[1])
     log(f"latent pool: {len(pool[2])} clips encoded in {time.perf_counter() - started:.0f} s; latents_mean "
         f"{pipe.vae.config.latents_mean}, latents_std {pipe.vae.config.latents_std}")
     if state["stage"] == "flow":

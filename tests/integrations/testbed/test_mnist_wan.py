@@ -146,7 +146,7 @@ def _train_steps(digits: torch.Tensor) -> dict:
         optimizer_step(opt, sched, T.vae_loss(pipe.vae, T.vae_batch(digits, 2, gen), 1e-6, gen))
     directions = torch.arange(4)
     means, stds = T.encode_moments(pipe.vae, render_clips(digits[:4], directions, gen))
-    T.set_latent_statistics(pipe.vae, means)
+    T.set_latent_statistics(pipe.vae, means, stds)
     pool = (means, stds, torch.arange(4), directions)
     params = [*pipe.transformer.parameters(), *pipe.text_encoder.parameters()]
     opt = torch.optim.AdamW(params, lr=1e-3)
@@ -210,3 +210,44 @@ def test_an_interrupted_vae_stage_resumes_bitwise(tmp_path, one_thread, monkeypa
     whole, split = (torch.load(tmp_path / name / "state.pt", weights_only=False) for name in ("whole", "split"))
     assert whole["stage"] == split["stage"] == "flow"
     assert all(torch.equal(whole["vae"][k], split["vae"][k]) for k in whole["vae"])
+
+
+# ---------------------------------------------------------------- reward and judge
+@pytest.fixture(scope="module")
+def labelled_clips():
+    images, labels = load_mnist("eval")
+    images, labels = images[:120], labels[:120]
+    directions = torch.arange(len(labels)) % len(DIRECTIONS)
+    clips = render_clips(images, directions, torch.Generator().manual_seed(6))
+    return clips, labels, directions
+
+
+def _prompts(labels, directions, digit_offset=0, direction_offset=0):
+    return [f"a {(int(d) + digit_offset) % 10} moving {DIRECTIONS[(int(k) + direction_offset) % 4]}"
+            for d, k in zip(labels, directions)]
+
+
+def test_reward_is_high_only_for_the_prompted_digit_moving_the_prompted_way(labelled_clips):
+    from vgrpo_lib.integrations.testbed.mnist_wan.rewards import motion_reward
+
+    clips, labels, directions = labelled_clips
+    reward = motion_reward()
+    right = reward(clips, _prompts(labels, directions))
+    assert right.shape == (len(labels),) and right.mean() > 0.85
+    assert reward(clips, _prompts(labels, directions, direction_offset=1)).max() < 0.05  # perpendicular or opposite
+    assert reward(clips, _prompts(labels, directions, digit_offset=1)).mean() < 0.1
+    still = clips[:, :, :1].expand_as(clips)
+    assert reward(still, _prompts(labels, directions)).max() == 0
+
+
+def test_judge_reads_digits_with_another_family_and_motion_with_another_estimator(labelled_clips):
+    from vgrpo_lib.integrations.testbed.mnist_wan.rewards import block_matching_direction, motion_judge
+
+    clips, labels, directions = labelled_clips
+    assert torch.equal(block_matching_direction(clips), directions)
+    judged = motion_judge()(clips, _prompts(labels, directions))
+    assert judged["direction"].all() and judged["digit"].float().mean() > 0.9
+    assert torch.equal(judged["both"], judged["digit"] & judged["direction"])
+    assert not motion_judge()(clips, _prompts(labels, directions, direction_offset=2))["direction"].any()
+    with pytest.raises(ValueError, match="prompts"):
+        motion_judge()(clips, _prompts(labels, directions)[:3])
