@@ -29,9 +29,7 @@ import torch
 from torch import nn
 
 from vgrpo_lib.extras import needs_extra
-from vgrpo_lib.integrations.diffusers_adapters.lora import (
-    TRAINED_ADAPTER, add_lora, upcast_trainable_parameters,
-)
+from vgrpo_lib.integrations.diffusers_adapters.lora import TRAINED_ADAPTER
 from vgrpo_lib.integrations.diffusers_adapters.presets import absent_components
 from vgrpo_lib.integrations.diffusers_adapters.wan import WanExperts, WanPolicy
 from vgrpo_lib.integrations.tasks.hub import DiffusersTask, LoRAPolicy, make_reward
@@ -116,23 +114,6 @@ class WanTask(DiffusersTask):
                  frame_mean: bool = True, strip_frames: int = 8, **kwargs):
         super().__init__(base, prompts, reward, image_size, **kwargs)
         self.frame_mean, self.strip_frames = frame_mean, strip_frames
-
-    def _encode(self, prompts: list[str]):
-        return self.base.encode_prompts(prompts, self.max_sequence_length)
-
-    def load_policy(self) -> LoRAPolicy:
-        """The base transformer (both experts of Wan 2.2) with a fresh trainable LoRA adapter on
-        ``WAN_LORA_TARGET_MODULES`` (B = 0: equal to the base model), float32 LoRA weights on the base's dtype."""
-        if self._policy is not None:
-            raise RuntimeError("this WanTask already made its policy (the LoRA adapter lives in the pipeline's "
-                               "transformer); build a new task for a second, independent policy")
-        transformer = self.base.model.transformer
-        add_lora(transformer, r=self.lora_rank, alpha=self.lora_alpha, target_modules=self.base.lora_target_modules)
-        upcast_trainable_parameters(transformer)
-        if self.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self._policy = LoRAPolicy(self.base.model)
-        return self._policy
 
     def reward(self) -> Callable:
         """The video reward ``reward(videos, prompts) -> (B,)``: the task's reward spec scored per frame and averaged
