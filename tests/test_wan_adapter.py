@@ -33,6 +33,15 @@ LATENT = (4, 2, 4, 4)  # (C, F, H, W) of a 5-frame 16x16 video of the tiny pipel
 BOUNDARY = 875.0  # the tiny Wan 2.2's boundary_ratio 0.875 x 1000 timesteps
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: the tiny models' ops are too small to share, and two threads contend on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan")
