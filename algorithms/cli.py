@@ -35,7 +35,7 @@ from vgrpo_lib.algorithms.config import ALGORITHMS, TrainConfig
 from vgrpo_lib.algorithms.config_reference import FORMATS, describe_config
 from vgrpo_lib.algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
-    RunDirError, UsageError, filesystem_message,
+    RunDirError, UsageError, filesystem_message, path_message,
 )
 from vgrpo_lib.algorithms.presets import PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy
@@ -44,6 +44,7 @@ from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, com
 from vgrpo_lib.algorithms.tasks import TaskProtocolError, load_task, task_names
 from vgrpo_lib.integrations.tasks import resolve_task_name
 from vgrpo_lib.algorithms.trainer import RewardError, Trainer
+from vgrpo_lib.integrations.atomic import check_file_target
 from vgrpo_lib.integrations.distributed import init_from_env
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 from vgrpo_lib.extras import MissingExtraError
@@ -73,6 +74,8 @@ def _train(args) -> int:
 
 
 def _sample(args) -> int:
+    for path in filter(None, (args.out, args.grid)):  # before any sampling: the outputs can be written
+        check_file_target(path)
     if args.run:
         if args.preset is not None or args.overrides:
             raise UsageError("--preset and overrides apply to the base policy; a --run samples with its saved config.")
@@ -299,8 +302,10 @@ def expected_error(error: Exception) -> tuple[int, str] | None:
         return EXIT_TRAINING, str(error)
     if isinstance(error, OSError) and filesystem_message(error):
         return EXIT_FILESYSTEM, filesystem_message(error)
-    if isinstance(error, (ValueError, MissingWeightsError, MissingExtraError, FileNotFoundError, TaskProtocolError)):
-        # arguments, config, paths, a missing extra or missing weights
+    if isinstance(error, OSError) and path_message(error):
+        return EXIT_USAGE, path_message(error)
+    if isinstance(error, (UsageError, MissingWeightsError, MissingExtraError, FileNotFoundError, TaskProtocolError)):
+        # arguments, config, paths, a missing extra or missing weights; any other ValueError is a bug (traceback)
         return EXIT_USAGE, str(error)
     return None
 

@@ -52,6 +52,7 @@ from vgrpo_lib.samplers import ODE_SOLVERS
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, SDE_TYPES
 from vgrpo_lib.timesteps import TIMESTEP_SAMPLERS
 from vgrpo_lib.weighting import WEIGHTINGS
+from vgrpo_lib.errors import UsageError
 
 
 __all__ = [
@@ -139,12 +140,12 @@ class OptimConfig(Section):
             ratio = [name for name, s in _algorithm_sections().items() if "clip_range" in {f.name for f in fields(s)}]
             if not any(config.algo in _algorithm_sections()[name].algorithms for name in ratio):
                 users = [algo for name in ratio for algo in _algorithm_sections()[name].algorithms]
-                raise ValueError(f"optim.max_kl stops on the importance ratio's KL, which {config.algo} does not have; "
+                raise UsageError(f"optim.max_kl stops on the importance ratio's KL, which {config.algo} does not have; "
                                  f"it is used by {', '.join(users)}.")
         if self.minibatches is not None and self.minibatch_size is not None:
-            raise ValueError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
+            raise UsageError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
         if self.ema_decay is not None and config.distributed.strategy == "fsdp2":
-            raise ValueError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
+            raise UsageError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
 
 
 @dataclass
@@ -213,15 +214,15 @@ def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
             continue
         owner = next((name for name, section in sections.items() if f.name in section.schedulable()), None)
         if owner is None:
-            raise ValueError(f"schedule.{f.name}: {config.algo} has no {f.name} to schedule.")
+            raise UsageError(f"schedule.{f.name}: {config.algo} has no {f.name} to schedule.")
         start = getattr(sections[owner], f.name)
         if start is None:
-            raise ValueError(
+            raise UsageError(
                 f"schedule.{f.name} needs {owner}.{f.name} set: the term exists only when its coefficient is "
                 f"(set it to the start value, e.g. 0)."
             )
         if isinstance(start, tuple):
-            raise ValueError(f"schedule.{f.name} needs a single eps in {owner}.{f.name}, got the pair {start}.")
+            raise UsageError(f"schedule.{f.name} needs a single eps in {owner}.{f.name}, got the pair {start}.")
         targets[f.name] = (float(start), spec)
     return targets
 
@@ -248,7 +249,7 @@ class AlgorithmSection(Section):
 def check_trained_fraction(key: str, fraction: float, config: TrainConfig) -> None:
     """``int(rollout.num_steps * fraction)`` must leave a step to train."""
     if int(config.rollout.num_steps * fraction) < 1:
-        raise ValueError(
+        raise UsageError(
             f"{key} must leave at least one of rollout.num_steps={config.rollout.num_steps} steps to train, got "
             f"{fraction}."
         )
@@ -288,7 +289,7 @@ class VGRPOConfig(AlgorithmSection):
 
     def check(self, config: TrainConfig) -> None:
         if self.noise == "antithetic" and self.num_pairs % 2:
-            raise ValueError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {self.num_pairs}.")
+            raise UsageError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {self.num_pairs}.")
 
 
 @dataclass
@@ -338,14 +339,14 @@ class FlowGRPOConfig(AlgorithmSection):
     def check(self, config: TrainConfig) -> None:
         steps = config.rollout.num_steps
         if self.window_size is not None and self.window_size > steps:
-            raise ValueError(f"flow_grpo.window_size must be in 1..rollout.num_steps={steps}, got {self.window_size}.")
+            raise UsageError(f"flow_grpo.window_size must be in 1..rollout.num_steps={steps}, got {self.window_size}.")
         check_trained_fraction("flow_grpo.timestep_fraction", self.timestep_fraction, config)
         if self.window_size is not None and self.timestep_fraction != 1.0:
-            raise ValueError("flow_grpo.timestep_fraction and flow_grpo.window_size both choose the trained steps: set one.")
+            raise UsageError("flow_grpo.timestep_fraction and flow_grpo.window_size both choose the trained steps: set one.")
         if self.sde_type == "cps" and self.noise_level > 1:
-            raise ValueError(f"flow_grpo.noise_level must be in (0, 1] with flow_grpo.sde_type=cps, got {self.noise_level}.")
+            raise UsageError(f"flow_grpo.noise_level must be in (0, 1] with flow_grpo.sde_type=cps, got {self.noise_level}.")
         if self.sde_type == "cps" and self.window_size is not None:
-            raise ValueError(
+            raise UsageError(
                 "flow_grpo.window_size (MixGRPO) slides onto the last step, which has no noise with flow_grpo.sde_type=cps."
             )
 
@@ -414,12 +415,12 @@ class FlowGRPOFastConfig(AlgorithmSection):
         steps = config.rollout.num_steps
         span = int(self.branch_range * steps)
         if self.branch_steps > span:
-            raise ValueError(
+            raise UsageError(
                 f"flow_grpo_fast.branch_steps must be <= int(branch_range * rollout.num_steps) = {span}, got "
                 f"{self.branch_steps}."
             )
         if config.flow_grpo.sde_type == "cps" and span >= steps:
-            raise ValueError(
+            raise UsageError(
                 "flow_grpo_fast.branch_range must leave out the last step with flow_grpo.sde_type=cps (it has no noise)."
             )
 
@@ -473,7 +474,7 @@ class AWMConfig(AlgorithmSection):
     def check(self, config: TrainConfig) -> None:
         steps = config.rollout.num_steps
         if int(self.timestep_fraction * steps) < 2:
-            raise ValueError(
+            raise UsageError(
                 f"awm.timestep_fraction * rollout.num_steps must be >= 2 (the pairs' timesteps are the grid's steps "
                 f"1 .. int(fraction * num_steps) - 1), got {self.timestep_fraction} * {steps}."
             )
@@ -578,7 +579,7 @@ class LogConfig(Section):
 
     def check(self, config: TrainConfig) -> None:
         if self.project is not None and self.backend != "wandb":
-            raise ValueError(f"log.project names a wandb project; it needs log.backend=wandb, got {self.backend}.")
+            raise UsageError(f"log.project names a wandb project; it needs log.backend=wandb, got {self.backend}.")
 
 
 PRECISIONS = ("float32", "bfloat16")
@@ -684,16 +685,16 @@ def validate(config: TrainConfig) -> None:
     """Options, ranges, finiteness and cross-key rules, each error naming the key; then keys the chosen algorithm
     does not use must keep their defaults."""
     if config.algo not in ALGORITHMS:
-        raise ValueError(f"Unknown algorithm {config.algo!r}; expected one of {', '.join(ALGORITHMS)}.")
+        raise UsageError(f"Unknown algorithm {config.algo!r}; expected one of {', '.join(ALGORITHMS)}.")
     for key, value, f in _walk(config):
         choices, rule = f.metadata.get("choices"), f.metadata.get("rule")
         if choices and value not in choices:
-            raise ValueError(f"Unknown {key} {value!r}; expected one of {', '.join(map(repr, choices))}.")
+            raise UsageError(f"Unknown {key} {value!r}; expected one of {', '.join(map(repr, choices))}.")
         # NaN passes a plain `value <= 0` check and ends as a NaN loss or rate
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key} must be finite, got {value}.")
+            raise UsageError(f"{key} must be finite, got {value}.")
         if rule is not None and value is not None and not rule.ok(value):
-            raise ValueError(f"{key} must be {rule.text}, got {value!r}.")
+            raise UsageError(f"{key} must be {rule.text}, got {value!r}.")
     _check_used(config.algo, [key for key, value, f in _walk(config) if value != f.default])
     for section in _section_values(config).values():
         if not isinstance(section, AlgorithmSection) or config.algo in section.algorithms:
@@ -719,14 +720,14 @@ def _check_used(algo: str, keys) -> None:
     for key in keys:
         section = sections.get(key.partition(".")[0])
         if section is not None and algo not in section.algorithms:
-            raise ValueError(
+            raise UsageError(
                 f"{key} is a setting of {' / '.join(section.algorithms)}, but algo={algo} does not use it; drop it, "
                 f"or train with algo={section.algorithms[0]}."
             )
         reason = _ignored(algo).get(key)
         if reason is not None:
             users = key_users(key)
-            raise ValueError(f"{key} is not used by {algo} ({reason}); it is used by {', '.join(users) or 'no algorithm'}.")
+            raise UsageError(f"{key} is not used by {algo} ({reason}); it is used by {', '.join(users) or 'no algorithm'}.")
 
 
 def key_users(key: str) -> tuple[str, ...]:
@@ -788,13 +789,13 @@ RENAMED = {
 }
 
 
-def _unknown(key: str, candidates: list[str], what: str = "key") -> ValueError:
+def _unknown(key: str, candidates: list[str], what: str = "key") -> UsageError:
     """An unknown key's error: its new name if it was renamed, else the closest valid name if one is close."""
     if key in RENAMED:
-        return ValueError(f"Unknown config key {key!r}: renamed to {RENAMED[key]} (see the changelog's migration table).")
+        return UsageError(f"Unknown config key {key!r}: renamed to {RENAMED[key]} (see the changelog's migration table).")
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}?" if close else f"`vgrpo config` lists the valid {what}s."
-    return ValueError(f"Unknown config {what} {key!r}; {hint}")
+    return UsageError(f"Unknown config {what} {key!r}; {hint}")
 
 
 def _build(cls, data: dict, prefix: str):
@@ -806,7 +807,7 @@ def _build(cls, data: dict, prefix: str):
         base, _ = _resolve(types_[name])
         if dataclasses.is_dataclass(base):
             if not isinstance(value, dict):
-                raise ValueError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
+                raise UsageError(f"Config section {prefix}{name} must be a mapping, got {type(value).__name__}.")
             kwargs[name] = _build(base, value, f"{prefix}{name}.")
         else:
             kwargs[name] = _check_type(value, types_[name], prefix + name)
@@ -837,7 +838,7 @@ def _check_type(value, tp, key: str):
             return _convert(value, member)
         except ValueError:
             continue
-    raise ValueError(f"Config key {key} must be {_expected(tp)}, got {type(value).__name__} {value!r}.")
+    raise UsageError(f"Config key {key} must be {_expected(tp)}, got {type(value).__name__} {value!r}.")
 
 
 def _parse_text(text: str, tp):
@@ -863,7 +864,7 @@ def _parse_value(text: str, tp, key: str):
             return _parse_text(text, member)
         except (TypeError, ValueError):
             continue
-    raise ValueError(f"Override {key}={text!r}: expected {_expected(tp)}.")
+    raise UsageError(f"Override {key}={text!r}: expected {_expected(tp)}.")
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
@@ -873,7 +874,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     keys = []
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"Override {item!r} must look like key=value (e.g. optim.lr=3e-4).")
+            raise UsageError(f"Override {item!r} must look like key=value (e.g. optim.lr=3e-4).")
         key, text = item.split("=", 1)
         parts = key.split(".")
         cls, target = TrainConfig, data

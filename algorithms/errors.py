@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import errno
 
+from vgrpo_lib.errors import UsageError  # the usage status (2): defined in the core, every layer raises it
+
 __all__ = [
     "FILESYSTEM_ERRNOS", "UsageError", "RunDirError", "RunDirInUse", "RunDirExists", "DamagedFileError",
-    "DivergenceError", "filesystem_message",
+    "DivergenceError", "PATH_ERRNOS", "filesystem_message", "path_message",
 ]
 
 EXIT_USAGE, EXIT_RUN_DIR, EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_TRAINING = 2, 3, 4, 5, 6
 
 # OSErrors that describe the machine, not a bug: reported as one line naming the file.
 FILESYSTEM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
-
-
-class UsageError(ValueError):
-    """The command line asks for something contradictory (exit code 2)."""
 
 
 class RunDirError(Exception):
@@ -47,6 +45,18 @@ class DamagedFileError(ValueError):
 
 class DivergenceError(FloatingPointError):
     """The policy diverged: non-finite weights, optimizer state, samples or evaluation (exit code 6)."""
+
+
+# OSErrors of a path the user gave that cannot be one: reported as one line naming it, with the usage status.
+PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR}
+
+
+def path_message(error: OSError) -> str | None:
+    """One line for an OSError of a path that cannot be used as given (a name too long for the file system, a
+    folder where a file is written, a file where a folder is needed), naming it; None for any other OSError."""
+    if error.errno not in PATH_ERRNOS:
+        return None
+    return f"{error.filename or 'a path'}: {error.strerror or error}"
 
 
 def filesystem_message(error: OSError) -> str | None:

@@ -15,6 +15,7 @@ The exported weights are the ones the run evaluates (:func:`load_run_policy`): t
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import RunDirError
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
 from vgrpo_lib.algorithms.tasks import load_task
-from vgrpo_lib.integrations.atomic import plain_file_mode
+from vgrpo_lib.integrations.atomic import os_error_naming, plain_file_mode
 from vgrpo_lib.integrations.tasks import task_description
 from vgrpo_lib import __version__
 
@@ -63,15 +64,27 @@ def load_run_policy(run_dir: str | Path):
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Export the policy of the run in ``run_dir`` into ``out_dir`` (created; refused when it holds files) with a
-    model card; returns the files written."""
+    model card; returns the files written. An export that fails (a full disk: an ``OSError`` naming ``out_dir``)
+    removes what it wrote, so the same command can run again."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportDirExists(f"{out} already exists and is not an empty folder; choose a new --out.")
     config, task, policy, state, _ = load_run_policy(run_dir)
     evaluations = [e for e in RunDir(run_dir).read_jsonl("eval.jsonl") if e["iteration"] <= state["iteration"]]
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    facts = task.export_policy(policy, out)
-    atomic_write_text(out / "README.md", model_card(config, state, evaluations, facts))
+    try:
+        facts = task.export_policy(policy, out)
+        atomic_write_text(out / "README.md", model_card(config, state, evaluations, facts))
+    except BaseException as error:  # out was new or empty: what is in it now is this export's, removed
+        for path in out.iterdir():
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if created:
+            out.rmdir()
+        named = os_error_naming(error, out)  # a disk that filled up under safetensors: one line naming the folder
+        if named is not None:
+            raise named from error
+        raise
     written = sorted(out.iterdir())
     for path in written:  # safetensors (and so diffusers' save_lora_weights) makes its files 0600
         if path.is_file():

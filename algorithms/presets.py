@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
 from vgrpo_lib.integrations.tasks.registry import resolve_task_name
+from vgrpo_lib.errors import UsageError
 
 __all__ = [
     "HUB_PRESETS", "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
@@ -308,7 +309,7 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
     if preset == "testbed":
         return list(TESTBED[algo])
     if (preset in ("official", "official-sd3.5-medium") or preset in OFFICIAL_ON_PIPELINE) and algo not in OFFICIAL:
-        raise ValueError(f"No official settings for {algo!r}; the {preset!r} preset covers {', '.join(OFFICIAL)}.")
+        raise UsageError(f"No official settings for {algo!r}; the {preset!r} preset covers {', '.join(OFFICIAL)}.")
     if preset == "official":
         return [*TESTBED[algo], *OFFICIAL[algo]]
     if preset == "official-sd3.5-medium":
@@ -318,16 +319,16 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
         return [*_common_then_own(PIPELINES[OFFICIAL_ON_PIPELINE[preset]], algo), *OFFICIAL[algo]]
     if preset in PAPER:
         if algo != "vgrpo":
-            raise ValueError(f"The {preset!r} preset is the V-GRPO paper's setting; it covers vgrpo, not {algo!r}.")
+            raise UsageError(f"The {preset!r} preset is the V-GRPO paper's setting; it covers vgrpo, not {algo!r}.")
         return list(PAPER[preset])
     if preset in PIPELINES:
         if algo not in PIPELINES[preset]:
-            raise ValueError(f"No {preset!r} settings for {algo!r}; the preset covers "
+            raise UsageError(f"No {preset!r} settings for {algo!r}; the preset covers "
                              f"{', '.join(k for k in PIPELINES[preset] if k != 'common')}.")
         return _common_then_own(PIPELINES[preset], algo)
     if preset in HUB_PRESETS:
         return _common_then_own(HUB_PRESETS[preset], algo)
-    raise ValueError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")
+    raise UsageError(f"Unknown preset {preset!r}; expected one of {', '.join(PRESETS)}.")
 
 
 def task_overrides(task: str, algo: str) -> list[str]:

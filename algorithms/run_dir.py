@@ -58,7 +58,7 @@ from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = [
-    "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
+    "CHECKPOINT_KEYS", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
     "compressed_path", "config_differences", "made_by", "new_run_id", "run_environment", "pyplot", "read_csv",
     "rows_to_csv", "save_figure",
 ]
@@ -67,6 +67,8 @@ TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
 COMPRESSED_SUFFIX = ".gz"
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
+# What every training checkpoint holds (the trainer's _state; "ema" only with optim.ema_decay): checked on load.
+CHECKPOINT_KEYS = ("iteration", "policy", "optimizer", "algorithm", "generator", "rng", "counters")
 LOCK_NAME = ".lock"
 _LOCK_TEXT = re.compile(r"pid \d+ host \S*\n?")  # what a run writes into its lock file
 # The config keys a resume may change (config.json edited between runs): none of them changes what is trained.
@@ -117,8 +119,8 @@ def _read_table_text(path: Path, kind: str) -> tuple[Path, str] | None:
 
 def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
     """Rows of a metrics CSV (or of its compressed copy, :func:`compressed_path`) with numbers parsed (empty cells
-    dropped); every row must have a number in each ``required`` column. A file that is not such a CSV raises
-    :class:`DamagedFileError` naming it and the line."""
+    dropped); every cell must be a number and every row must have one in each ``required`` column. A file that is not
+    such a CSV raises :class:`DamagedFileError` naming it, the line and the column."""
     found = _read_table_text(path, "CSV file")
     if found is None:
         return []
@@ -134,7 +136,19 @@ def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
         for column in required:
             if not isinstance(row.get(column), (int, float)):
                 raise DamagedFileError(f"{path} is damaged: line {line} has no number in column {column!r}.")
+        for column, value in row.items():
+            if not isinstance(value, (int, float)):
+                raise DamagedFileError(f"{path} is damaged: line {line}, column {column!r} holds {value!r}, not a number.")
     return rows
+
+
+def _numeric(value) -> bool:
+    """Whether a JSON value is a number or a mapping / list of them (an evaluation record's values)."""
+    if isinstance(value, dict):
+        return all(map(_numeric, value.values()))
+    if isinstance(value, list):
+        return all(map(_numeric, value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _number(text: str | None):
@@ -431,6 +445,9 @@ class RunDir:
 
     def _config_file(self) -> dict:
         if not self.config_path.exists():
+            if self.root.is_dir() and all(map(self._ours, self.root.iterdir())):
+                raise RunDirError(f"{self.root} holds no run yet (no config.json: a run stopped before writing it): "
+                                  f"start it again with the same command without --resume.")
             raise RunDirError(f"{self.root} is not a run directory: no config.json.")
         data = _read_json(self.config_path, "the run's config")
         if not isinstance(data, dict):
@@ -455,7 +472,8 @@ class RunDir:
         compressed_path(self.root / name).unlink(missing_ok=True)
 
     def read_jsonl(self, name: str) -> list[dict]:
-        """The records of a JSON-lines table (each an object with a numeric ``iteration``)."""
+        """The records of a JSON-lines table (each an object with an integer ``iteration`` whose every value is a number
+    or a mapping / list of numbers); a :class:`DamagedFileError` naming the file, the line and the key otherwise."""
         found = _read_table_text(self.root / name, "text file")
         if found is None:
             return []
@@ -468,6 +486,10 @@ class RunDir:
                 raise DamagedFileError(f"{path} is damaged: line {number} is not valid JSON ({error}).") from error
             if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
                 raise DamagedFileError(f"{path} is damaged: line {number} is not a record with an integer iteration.")
+            wrong = next((key for key, value in record.items() if not _numeric(value)), None)
+            if wrong is not None:
+                raise DamagedFileError(f"{path} is damaged: line {number}, {wrong!r} holds {record[wrong]!r}, not a "
+                                       f"number.")
             records.append(record)
         return records
 
@@ -499,7 +521,11 @@ class RunDir:
 
     def checkpoint_paths(self) -> list[Path]:
         """Existing checkpoints, oldest first: ordered by their iteration, not as text (``iter_1000000.pt`` is newer
-        than ``iter_999999.pt``); a name that is not ``iter_<digits>.pt`` is not a checkpoint."""
+        than ``iter_999999.pt``); a name that is not ``iter_<digits>.pt`` is not a checkpoint. A ``checkpoints``
+        that is not a folder is a :class:`RunDirError`."""
+        if self.checkpoints.exists() and not self.checkpoints.is_dir():
+            raise RunDirError(f"{self.checkpoints} is not a folder (a file took its place?): move it away to resume "
+                              f"from iteration 0, or put the run's checkpoints folder back.")
         found = [(path.stem[len(CHECKPOINT_PREFIX):], path) for path in self.checkpoints.glob(f"{CHECKPOINT_PREFIX}*.pt")]
         return [path for _, path in sorted((int(n), p) for n, p in found if n.isascii() and n.isdigit())]
 
@@ -589,6 +615,9 @@ class RunDir:
             raise DamagedFileError(f"torch cannot read it ({type(error).__name__}: {error})") from error
         if not isinstance(state, dict) or "iteration" not in state:
             raise DamagedFileError("it is not a training checkpoint")
+        missing = [key for key in CHECKPOINT_KEYS if key not in state]
+        if missing:
+            raise DamagedFileError(f"it is not a complete training checkpoint: it has no {', '.join(missing)}")
         if state.get("run_id") == manifest.get("run_id") != run_id:  # intact, and of another run
             raise RunDirError(f"Checkpoint {path} belongs to run {manifest['run_id']}, not to this folder's run "
                               f"{run_id} (config.json): the folder mixes two runs; refusing to resume it.")

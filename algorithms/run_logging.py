@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vgrpo_lib.errors import UsageError
 from vgrpo_lib.extras import missing_packages, require_extra
 from vgrpo_lib.integrations.atomic import atomic_write_text
 
-__all__ = ["LOG_BACKENDS", "RunLogger", "drop_csv_steps_after", "make_logger", "resolve_backend"]
+__all__ = ["LOG_BACKENDS", "RunLogger", "check_wandb_credentials", "drop_csv_steps_after", "make_logger", "resolve_backend"]
 
 LOG_BACKENDS = ("auto", "tensorboard", "csv", "wandb")
 
@@ -34,7 +35,23 @@ def resolve_backend(backend: str) -> str:
         return "csv" if missing_packages("tensorboard") else "tensorboard"
     if backend in ("tensorboard", "wandb"):
         require_extra(backend, f"log.backend={backend}")
+    if backend == "wandb":
+        check_wandb_credentials()
     return backend
+
+
+def check_wandb_credentials() -> None:
+    """Refuse ``log.backend=wandb`` before a run writes anything when Weights & Biases cannot log: no API key (nor
+    ``WANDB_MODE=offline``) or a malformed one; a :class:`~vgrpo_lib.errors.UsageError` of one line. Asks
+    ``wandb.login(verify=False)``, which reads the key from ``WANDB_API_KEY`` or ``wandb login``'s file without a
+    network call (and prompts for one on a terminal, as ``wandb.init`` would)."""
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except wandb.errors.Error as error:
+        raise UsageError(f"log.backend=wandb cannot log: {error} Or set WANDB_API_KEY, or WANDB_MODE=offline to "
+                         f"keep the logs on this machine.") from None
 
 
 def make_logger(backend: str, log_dir: Path, run_id: str, project: str | None = None):

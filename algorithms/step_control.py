@@ -25,6 +25,7 @@ import torch
 
 from vgrpo_lib.control import AdaptiveKLController, Constant, Cosine, Linear, Piecewise, Warmup, set_learning_rate
 from vgrpo_lib.rules import NON_NEGATIVE, Rule
+from vgrpo_lib.errors import UsageError
 
 __all__ = ["SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_schedule"]
 
@@ -50,21 +51,21 @@ def parse_schedule(spec: str, start: float, key: str, rule: Rule, *, adaptive: b
     name = name.strip()
     if name not in SCHEDULES or (name == "adaptive" and not adaptive):
         allowed = [s for s in SCHEDULES if adaptive or s != "adaptive"]
-        raise ValueError(f"Unknown {key} schedule {name!r}; expected one of {', '.join(allowed)}.")
+        raise UsageError(f"Unknown {key} schedule {name!r}; expected one of {', '.join(allowed)}.")
     expected = _PARAMETERS[name]
     allowed_keys = {**expected, **({} if name == "adaptive" else {"warmup": int})}
     params = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         param, _, text = item.partition("=")
         if param not in allowed_keys:
-            raise ValueError(f"{key}: the {name} schedule takes {', '.join(allowed_keys) or 'no parameters'}, got {param!r}.")
+            raise UsageError(f"{key}: the {name} schedule takes {', '.join(allowed_keys) or 'no parameters'}, got {param!r}.")
         try:
             params[param] = allowed_keys[param](text)
         except ValueError:
-            raise ValueError(f"{key}: {name} schedule parameter {param}={text!r} does not parse.") from None
+            raise UsageError(f"{key}: {name} schedule parameter {param}={text!r} does not parse.") from None
     missing = [p for p in expected if p not in params]
     if missing:
-        raise ValueError(f"{key}: the {name} schedule needs {', '.join(f'{p}=...' for p in missing)} (got {spec!r}).")
+        raise UsageError(f"{key}: the {name} schedule needs {', '.join(f'{p}=...' for p in missing)} (got {spec!r}).")
     warmup = params.pop("warmup", None)
     try:
         if name == "adaptive":
@@ -77,13 +78,13 @@ def parse_schedule(spec: str, start: float, key: str, rule: Rule, *, adaptive: b
         }[name]()
         if warmup is not None:
             if warmup < 1:
-                raise ValueError(f"warmup must be >= 1, got {warmup}")
+                raise UsageError(f"warmup must be >= 1, got {warmup}")
             schedule = Warmup(schedule, warmup)
     except ValueError as error:
-        raise ValueError(f"{key}: {error}") from None
+        raise UsageError(f"{key}: {error}") from None
     for value in schedule.extremes():
         if not (math.isfinite(value) and rule.ok(value)):
-            raise ValueError(f"{key}={spec} reaches {value!r}; every value of the schedule must be {rule.text}.")
+            raise UsageError(f"{key}={spec} reaches {value!r}; every value of the schedule must be {rule.text}.")
     return schedule
 
 
@@ -100,7 +101,7 @@ class StepControl:
         rules = {"lr": SCHEDULED_LR, **getattr(type(loss_module), "_schedulable_rules", {})}
         for name in targets:
             if name not in rules or (name != "lr" and getattr(loss_module, name) is None):
-                raise ValueError(f"schedule.{name}: the loss has no {name} to schedule (it declares "
+                raise UsageError(f"schedule.{name}: the loss has no {name} to schedule (it declares "
                                  f"{', '.join(rules)}; is its term configured?).")
         self.schedules = {
             name: parse_schedule(spec, start, f"schedule.{name}", rules[name], adaptive=name.endswith("kl_coef"))

@@ -52,6 +52,7 @@ from vgrpo_lib.integrations.tasks import (
 )
 from vgrpo_lib.integrations.testbed.data import to_images, to_model_space
 from vgrpo_lib.integrations.testbed.tasks import TASKS, get_task
+from vgrpo_lib.errors import UsageError
 from vgrpo_lib.samplers import time_grid
 
 __all__ = ["OPTIONAL_MEMBERS", "REQUIRED_MEMBERS", "TASKS", "TaskProtocol", "TaskProtocolError", "check_task",
@@ -79,7 +80,13 @@ def load_task(name: str, model: ModelConfig | None = None) -> TaskProtocol:
     config's ``model`` section) or the import path ``"package.module:factory"`` of a user's factory (called with no
     argument, or with the model settings as a dict when it has a required parameter), checked against
     :class:`TaskProtocol`. One-line errors (:func:`vgrpo_lib.integrations.tasks.build_task`) for an unknown name, a bad
-    import path, a result that is no task, or missing weights."""
+    import path, a result that is no task, or missing weights; a :class:`~vgrpo_lib.errors.UsageError` naming them
+    when ``model`` sets keys for a testbed task (which has no model section)."""
     settings = asdict(model or ModelConfig())
+    if name in task_names("testbed"):
+        given = [f"model.{key}={value}" for key, value in settings.items() if value != asdict(ModelConfig())[key]]
+        if given:
+            raise UsageError(f"{', '.join(given)}: the testbed task {name!r} has no model section (its policy is the "
+                             f"shipped MLP); the model keys configure the diffusers tasks. Drop them.")
     settings["image_size"] = None if settings["image_size"] is None else parse_image_size(settings["image_size"])
     return build_task(name, settings)

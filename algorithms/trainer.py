@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
-from vgrpo_lib.algorithms.errors import DamagedFileError
+from vgrpo_lib.algorithms.errors import DamagedFileError, UsageError
 from vgrpo_lib.algorithms.costs import PhaseClock
 from vgrpo_lib.algorithms.evaluation import evaluate_policy
 from vgrpo_lib.algorithms.gradient_steps import GradientSteps
@@ -50,12 +50,12 @@ from vgrpo_lib.algorithms.strategy import build_policies, check_split, local_pro
 from vgrpo_lib.algorithms.tasks import TaskProtocol, check_task, load_task, rollout_grid
 from vgrpo_lib.integrations.tasks import TASK_ENTRIES, is_import_path
 from vgrpo_lib.integrations.distributed import (
-    Shard, barrier, decided_by_main, is_sharded, load_model_state_dict, load_optimizer_state_dict, model_state_dict,
-    optimizer_state_dict,
+    Shard, all_finite, barrier, decided_by_main, is_sharded, load_model_state_dict, load_optimizer_state_dict,
+    model_state_dict, optimizer_state_dict,
 )
 from vgrpo_lib.advantages import GroupAdvantage
 
-__all__ = ["task_label", "Trainer"]
+__all__ = ["refuse_nonfinite_weights", "task_label", "Trainer"]
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
@@ -67,6 +67,19 @@ def task_label(task: object, name: str) -> str:
     if name in TASK_ENTRIES or is_import_path(name):
         return f"{type(task).__module__}.{type(task).__qualname__}"
     return name
+
+
+def refuse_nonfinite_weights(policy: torch.nn.Module, config: TrainConfig) -> None:
+    """A :class:`DamagedFileError` naming the parameters when the task's policy holds NaN or inf before anything
+    trained (damaged base weights: no learning rate could help), before anything is written."""
+    parameters = dict(policy.named_parameters())
+    if all_finite(list(parameters.values())):
+        return
+    bad = [name for name, value in parameters.items() if not bool(torch.isfinite(value).all())]
+    source = f"model.path={config.model.path}" if config.model.path else f"the task {config.task!r}"
+    raise DamagedFileError(f"The policy's weights from {source} hold NaN or inf before any training, in "
+                           f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} ({len(bad)} tensors): the weights "
+                           f"are damaged; load intact ones.")
 
 
 class Trainer:
@@ -97,6 +110,7 @@ class Trainer:
         seed_everything(config.seed)
         self.task = load_task(config.task, config.model) if task is None else task
         self.policy = self.task.load_policy()
+        refuse_nonfinite_weights(self.policy, config)
         algorithm_class = ALGORITHM_CLASSES[config.algo]
         # DDP's constructor is a collective: no rank gets here before every rank has checked the run directory.
         policies = build_policies(self.task, self.policy, algorithm_class, config)
@@ -132,7 +146,7 @@ class Trainer:
         run = RunDir(run_dir)
         config = run.train_config()
         if task is None and config.task not in TASK_ENTRIES and not is_import_path(config.task):
-            raise ValueError(f"The run in {run.root} trained {config.task!r}, neither a registered task nor an import "
+            raise UsageError(f"The run in {run.root} trained {config.task!r}, neither a registered task nor an import "
                              f"path (a task object, or a task registered in another process): pass the object again, "
                              f"Trainer.resume(run_dir, task=obj), or register_task({config.task!r}, ...) first.")
         trainer = cls(config, run_dir, task=task, progress=progress, _resuming=True)
@@ -302,12 +316,14 @@ class Trainer:
         c = self.config
         until = c.iterations if until is None else min(until, c.iterations)
         self._take_lock()
-        self.logger = RunLogger(c.log.backend, self.run.root / "logs", self.run_id, c.log.project, c.to_dict(),
-                                resume_step=self.iteration)
         try:
-            return self._train(until, self.shard.is_main, self.shard.is_main or is_sharded(self.policy))
+            self.logger = RunLogger(c.log.backend, self.run.root / "logs", self.run_id, c.log.project, c.to_dict(),
+                                    resume_step=self.iteration)
+            try:
+                return self._train(until, self.shard.is_main, self.shard.is_main or is_sharded(self.policy))
+            finally:
+                self.logger.close()
         finally:
-            self.logger.close()
             self.run.unlock()
 
     def _train(self, until: int, main: bool, evaluates: bool) -> list[dict]:

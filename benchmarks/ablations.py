@@ -27,6 +27,7 @@ from pathlib import Path
 from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.errors import UsageError
 
 __all__ = [
     "NAIVE", "BASE", "MARGIN", "EVALUATION_EXTRAS", "PAPER_SET", "REGIME_CELLS", "run_cell", "verdict", "run_ablations",
@@ -118,7 +119,7 @@ def _selected(cells: dict[str, list[str]], names: list[str] | None) -> dict[str,
         return cells
     unknown = [name for name in names if name not in cells]
     if unknown:
-        raise ValueError(f"Unknown cell(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(map(repr, cells))}.")
+        raise UsageError(f"Unknown cell(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(map(repr, cells))}.")
     return {name: cells[name] for name in names}
 
 
@@ -135,7 +136,7 @@ def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quic
         report = {"set": "paper", "task": task, "preset": preset, "seeds": seeds, "iterations": iterations,
                   "cells": cells}
     elif which == "regime" and preset != "testbed":
-        raise ValueError(f"The regime map runs on the testbed's tasks; preset {preset!r} applies to the paper set.")
+        raise UsageError(f"The regime map runs on the testbed's tasks; preset {preset!r} applies to the paper set.")
     elif which == "regime":
         cells = {}
         for name, cell in _selected(REGIME_CELLS, names).items():
@@ -144,7 +145,7 @@ def run_ablations(out: str | Path, *, which: str = "paper", seeds: int = 2, quic
             cells[name] = {"vgrpo": vgrpo, "naive": naive, "verdict": verdict(naive, vgrpo)}
         report = {"set": "regime", "seeds": seeds, "iterations": iterations, "margin": MARGIN, "cells": cells}
     else:
-        raise ValueError(f"Unknown ablation set {which!r}; expected 'paper' or 'regime'.")
+        raise UsageError(f"Unknown ablation set {which!r}; expected 'paper' or 'regime'.")
     atomic_write_text(out / f"{which}.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / f"{which}.md", markdown(report))
     return report

@@ -9,6 +9,7 @@ assignment to a loss's schedulable buffer (``loss.clip_range = 0.02``; see ``_sc
 
 from __future__ import annotations
 
+from vgrpo_lib.errors import UsageError
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +34,9 @@ class Rule:
             if isinstance(part, bool) or not isinstance(part, Real):
                 raise TypeError(f"{name} must be a real number, got {type(part).__name__} {part!r}.")
         if not all(math.isfinite(part) for part in parts):
-            raise ValueError(f"{name} must be finite, got {value!r}.")
+            raise UsageError(f"{name} must be finite, got {value!r}.")
         if not self.ok(value):
-            raise ValueError(f"{name} must be {self.text}, got {value!r}.")
+            raise UsageError(f"{name} must be {self.text}, got {value!r}.")
         return value
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS, build_config
+from vgrpo_lib.errors import UsageError
 
 __all__ = [
     "DEFAULT_STEP_CONTROLS", "FLOW_GRPO_CORE", "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING",
@@ -72,7 +73,7 @@ def variant_preset(variant: str, pipeline: str | None) -> str:
     """The preset ``variant`` runs at: its own (``official``), or that preset on a pipeline (``official-mnist-sd3``)."""
     preset = VARIANTS[variant].preset if pipeline is None else f"{VARIANTS[variant].preset}-{pipeline}"
     if preset not in PRESETS:
-        raise ValueError(f"No preset {preset!r} for the comparison on {pipeline!r}; pipelines: "
+        raise UsageError(f"No preset {preset!r} for the comparison on {pipeline!r}; pipelines: "
                          f"{', '.join(OFFICIAL_ON_PIPELINE.values())}.")
     return preset
 
@@ -107,13 +108,13 @@ SELECTIONS = {"training": Selection("time_to_target_s", "final_reward", "trainin
 
 def check_selection(by: str) -> None:
     if by not in SELECTIONS:
-        raise ValueError(f"select/by={by!r}: expected one of {sorted(SELECTIONS)} (the target that selects)")
+        raise UsageError(f"select/by={by!r}: expected one of {sorted(SELECTIONS)} (the target that selects)")
 
 
 def check_variants(variants) -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise ValueError(f"Unknown variant(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(VARIANTS)}.")
+        raise UsageError(f"Unknown variant(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(VARIANTS)}.")
     sizes = {v: len(VARIANTS[v].step_controls) for v in variants}
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")
+        raise UsageError(f"Every variant needs the same tuning budget (number of step controls), got {sizes}.")

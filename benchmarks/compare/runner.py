@@ -21,6 +21,7 @@ from vgrpo_lib.benchmarks.compare.stats import (
     HELDOUT_RATIO_KEYS, TRAINING_RATIO_KEYS, aggregate_seeds, heldout_target_rule, median_ratio_interval,
     selection_key, summarise_run, target_rule,
 )
+from vgrpo_lib.errors import UsageError
 
 __all__ = [
     "COMPARISON_ENTRIES", "FinishedRun", "check_comparison_folder", "finished_run", "run_compare", "start_or_resume",
@@ -58,7 +59,7 @@ def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
     if not (run_dir / "config.json").exists():
         return Trainer(config, run_dir, progress=False)
     if RunDir(run_dir).train_config().to_json() != config.to_json():
-        raise ValueError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
+        raise UsageError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
                          f"another --out.")
     return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)
 
@@ -67,11 +68,11 @@ def check_comparison_folder(out: Path) -> None:
     """``out`` is new, empty, or a comparison's own folder (continued where it stopped): a file, or a folder holding
     anything a comparison does not write, is refused naming it before any run starts."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; a comparison writes a folder.")
+        raise UsageError(f"--out {out} is a file; a comparison writes a folder.")
     foreign = sorted(entry.name for entry in out.iterdir()
                      if not (entry.name in COMPARISON_ENTRIES or entry.suffix == ".png")) if out.is_dir() else []
     if foreign:
-        raise ValueError(f"--out {out} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which a "
+        raise UsageError(f"--out {out} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which a "
                          f"comparison does not write; give a new or empty folder (or a comparison's, to continue it).")
 
 
@@ -83,11 +84,11 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``)."""
     check_selection(select)
     if seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {seeds}.")
+        raise UsageError(f"--seeds must be at least 1, got {seeds}.")
     if seeds < MIN_SEEDS and not quick:
-        raise ValueError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
+        raise UsageError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     if iterations is not None and iterations < 1:
-        raise ValueError(f"--iterations must be at least 1, got {iterations}.")
+        raise UsageError(f"--iterations must be at least 1, got {iterations}.")
     check_variants(variants)
     out = Path(out)
     check_comparison_folder(out)

@@ -4,12 +4,15 @@ Reward models (and the SD3 / FLUX presets) load with `from_pretrained(name_or_pa
 weights are neither a local directory nor in the Hugging Face cache and the machine is offline
 (`HF_HUB_OFFLINE=1`) or has no network, the libraries raise a variety of OSError subclasses whose
 messages mention connection errors. `load_weights` turns all of them into one
-`MissingWeightsError` naming the model, what it is needed for, and how to get it.
+`MissingWeightsError` naming the model, what it is needed for, and how to get it. A local folder whose weight
+file is damaged (truncated, emptied) or is a pickle that ``weights_only`` loading refuses is the same one line,
+naming the file.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +22,8 @@ import torch
 from vgrpo_lib.extras import needs_extra
 
 __all__ = [
-    "T", "MissingWeightsError", "offline", "resolve_local_files_only", "load_weights", "load_config_and_processors",
+    "T", "MissingWeightsError", "offline", "resolve_local_files_only", "load_weights", "unreadable_weight_files",
+    "load_config_and_processors",
 ]
 
 T = TypeVar("T")
@@ -50,9 +54,17 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
         name: the hub name or path being loaded (quoted in the message).
         purpose: what the weights are for, e.g. "the PickScore reward model".
     """
+    from safetensors import SafetensorError
+
     try:
         with torch.random.fork_rng(devices=[]):  # a model's random init must not move the global stream
             return load()
+    except (SafetensorError, pickle.UnpicklingError) as err:  # transformers' loaders raise these unwrapped
+        if not Path(name).is_dir():
+            raise
+        damaged = "; ".join(unreadable_weight_files(Path(name))) or f"{type(err).__name__}: {err}"
+        raise MissingWeightsError(f"{purpose}: a weight file in the local directory '{name}' cannot be loaded: "
+                                  f"{damaged}".replace("\n", " ")) from err
     except OSError as err:
         if Path(name).is_dir():
             raise MissingWeightsError(
@@ -66,6 +78,31 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
             f"`huggingface-cli download {name}` with older hubs) and point HF_HOME at that cache, or pass a "
             f"local directory holding the weights. Underlying error: {type(err).__name__}: {err}"
         ) from err
+
+
+def unreadable_weight_files(folder: Path) -> list[str]:
+    """What is wrong with each weight file under ``folder`` that cannot be read, one ``"PATH: problem"`` each: a
+    ``.safetensors`` whose header does not parse (truncated, emptied, not safetensors) and every pickled ``.bin`` /
+    ``.pt`` / ``.pth`` (loaded only as safetensors-convertible tensors, ``weights_only``; any other pickle is refused
+    unread). Reads the safetensors headers and the pickles' tensors only when called (an error path)."""
+    from safetensors import SafetensorError, safe_open
+
+    problems = []
+    for path in sorted(folder.rglob("*")):
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                problems.append(f"{path}: {err}")
+        elif path.suffix in (".bin", ".pt", ".pth"):
+            try:
+                torch.load(path, map_location="cpu", weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+                lines = str(err).strip().splitlines() or [type(err).__name__]
+                reason = next((line for line in lines if "GLOBAL" in line), lines[0]).strip()  # what it would run
+                problems.append(f"{path}: refused by weights_only loading ({reason})")
+    return problems
 
 
 def load_config_and_processors(config_class, name: str, local_files_only: bool, purpose: str, model_kind: str):

@@ -65,6 +65,7 @@ from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 from vgrpo_lib.integrations.tasks.imports import is_import_path, load_import_path
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 from vgrpo_lib.samplers import sample_ode
+from vgrpo_lib.errors import UsageError
 
 __all__ = ["HUB_MODELS", "DiffusersTask", "HubModel", "ImportedMultiReward", "ImportedReward", "LoRAPolicy",
            "TotalReward", "hub_task", "imported_reward", "make_reward", "read_prompts", "weights_location"]
@@ -123,17 +124,23 @@ def _short(text: str, length: int = 48) -> str:
 
 
 def read_prompts(source: str | os.PathLike | Sequence[str]) -> list[str]:
-    """Prompts from a list of strings or a text file with one prompt per line (blank lines skipped)."""
+    """Prompts from a list of strings or a UTF-8 text file with one prompt per line (blank lines skipped); a
+    :class:`~vgrpo_lib.errors.UsageError` naming the file when it is not UTF-8 or holds no prompt."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"prompt file {str(path)!r} does not exist (one prompt per line expected)")
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise UsageError(f"prompt file {str(path)!r} is not UTF-8 text (byte {error.start}: "
+                             f"{error.object[error.start:error.start + 1]!r}); save it as UTF-8.") from None
+        prompts = [line.strip() for line in text.splitlines()]
         prompts = [p for p in prompts if p]
     else:
         prompts = [str(p) for p in source]
     if not prompts:
-        raise ValueError(f"no prompts in {source!r}")
+        raise UsageError(f"no prompts in {source!r}")
     return prompts
 
 
@@ -209,12 +216,12 @@ class ImportedMultiReward(ImportedReward):
         super().__init__(fn, source)
         names = getattr(fn, "names")
         if isinstance(names, str) or not names or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"The reward {source}: `names` must be a non-empty list of strings, got {names!r}.")
+            raise UsageError(f"The reward {source}: `names` must be a non-empty list of strings, got {names!r}.")
         self.names = list(names)
         weights = getattr(fn, "weights", None)
         self.weights = torch.ones(len(self.names)) if weights is None else torch.as_tensor(weights, dtype=torch.float32)
         if self.weights.shape != (len(self.names),):
-            raise ValueError(f"The reward {source}: `weights` must hold one weight per name ({len(self.names)}), got "
+            raise UsageError(f"The reward {source}: `weights` must hold one weight per name ({len(self.names)}), got "
                              f"shape {tuple(self.weights.shape)}.")
 
     def stack(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
@@ -231,7 +238,7 @@ def imported_reward(path: str) -> ImportedReward:
     (:class:`ImportedMultiReward` when it declares ``names``); one-line ``ValueError`` for a bad path."""
     fn = load_import_path(path, "reward")
     if not callable(fn):
-        raise ValueError(f"The reward {path!r} is a {type(fn).__name__}, not a callable (images, prompts) -> rewards.")
+        raise UsageError(f"The reward {path!r} is a {type(fn).__name__}, not a callable (images, prompts) -> rewards.")
     return ImportedMultiReward(fn, path) if hasattr(fn, "names") else ImportedReward(fn, path)
 
 
@@ -571,7 +578,7 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
             f"Download them once (`hf download {spec.hub_id}`) or set model.path=<local diffusers pipeline directory>."
         )
     if prompts is None:
-        raise ValueError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
+        raise UsageError(f"Task {name!r} needs a prompt file: set model.prompts=<file with one prompt per line>.")
     cuda = torch.cuda.is_available()
     device = torch.device(device or (f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"))
     if spec.family == "wan":  # video: its own loader and task (tasks.wan builds on this module, so imported here)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib
 
+from vgrpo_lib.errors import UsageError
+
 __all__ = ["ImportPathError", "is_import_path", "load_import_path"]
 
 
-class ImportPathError(ValueError):
+class ImportPathError(UsageError):
     """An import path that names no usable object: the module is not found, or it has no such attribute."""
 
 
@@ -31,7 +33,7 @@ def is_import_path(spec: str) -> bool:
 
 def load_import_path(spec: str, what: str) -> object:
     """The object that ``spec`` (``"package.module:name"``) names; ``what`` says what it is for in the error
-    (``"task factory"``, ``"reward"``). An :class:`ImportPathError` (a ``ValueError``) of one line when ``spec`` is
+    (``"task factory"``, ``"reward"``). An :class:`ImportPathError` (a :class:`vgrpo_lib.errors.UsageError`, a ``ValueError``) of one line when ``spec`` is
     malformed, its module is not found, or the module has no such attribute; an import error raised *inside* a
     module that exists propagates unchanged (its traceback shows the user's bug)."""
     if not is_import_path(spec):

@@ -60,6 +60,7 @@ from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as grammar
 from vgrpo_lib.integrations.testbed.mnist_sd3 import render
 from vgrpo_lib.integrations.testbed.rewards import DigitProbability
 from vgrpo_lib.integrations.testbed.tasks import get_task
+from vgrpo_lib.errors import UsageError
 
 __all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "PromptedDigitProbability", "canvas_reading_view",
            "digit_metrics", "digit_reward", "geneval_category", "geneval_digits_text", "geneval_metrics",
@@ -298,7 +299,7 @@ def mnist_sd3_task(kind: str, *, path=None, prompts=None, eval_prompts=None, rew
     ``DiffusersTask`` through ``hub_task("mnist-sd3")`` on the task's shipped pipeline unless ``path`` names another; ``settings`` are the
     other ``hub_task`` arguments (the run config's ``model`` section)."""
     if kind not in MNIST_SD3_TASKS:
-        raise ValueError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
+        raise UsageError(f"unknown MNIST-SD3 task {kind!r}; valid: {', '.join(MNIST_SD3_TASKS)}")
     spec = MNIST_SD3_TASKS[kind]
     if path is None and spec.pipeline is not None:
         folder, rebuild = spec.pipeline()

@@ -37,6 +37,7 @@ from vgrpo_lib.integrations.tasks.imports import ImportPathError, is_import_path
 from vgrpo_lib.integrations.tasks.mnist_sd3 import mnist_sd3_task
 from vgrpo_lib.integrations.tasks.protocol import check_task
 from vgrpo_lib.integrations.testbed.tasks import TASKS, get_task
+from vgrpo_lib.errors import UsageError
 
 __all__ = ["TASK_ENTRIES", "TASK_KINDS", "TaskEntry", "build_task", "call_factory", "register_task", "resolve_task_name",
            "task_description", "task_names"]
@@ -92,11 +93,11 @@ def _entries() -> dict[str, TaskEntry]:
     hub_models = {
         "sd3.5-medium": "Stable Diffusion 3.5 Medium (weights needed locally), prompts and reward by the model section",
         "flux.1-dev": "FLUX.1-dev (weights needed locally), prompts and reward by the model section",
+        "wan2.1-t2v": "Wan 2.1/2.2 text-to-video (a WanPipeline folder, model.path), videos of model.frames frames; "
+                      "prompts and an image reward (averaged over the frames) by the model section",
         "flux.2-dev": "FLUX.2-dev (weights needed locally), prompts and reward by the model section",
         "flux.2-klein": "FLUX.2 klein base (weights needed locally), prompts and reward by the model section",
         "qwen-image": "Qwen-Image (weights needed locally), prompts and reward by the model section",
-        "wan2.1-t2v": "Wan 2.1/2.2 text-to-video (a WanPipeline folder, model.path), videos of model.frames frames; "
-                      "prompts and an image reward (averaged over the frames) by the model section",
     }
     entries += [TaskEntry(name, description, _needs_diffusers(name, lambda settings, name=name: hub_task(name, **settings)), "hub")
                 for name, description in hub_models.items()]
@@ -113,11 +114,11 @@ def register_task(name: str, factory: Callable, description: str, *, replace: bo
     when ``name`` is taken (unless ``replace``), is empty, contains ``":"`` (import paths' syntax) or ``factory`` is
     not callable."""
     if not isinstance(name, str) or not name.strip() or ":" in name:
-        raise ValueError(f"A task name must be a non-empty string without ':' (the import paths' syntax), got {name!r}.")
+        raise UsageError(f"A task name must be a non-empty string without ':' (the import paths' syntax), got {name!r}.")
     if not callable(factory):
-        raise ValueError(f"register_task({name!r}): the factory must be callable, got {type(factory).__name__}.")
+        raise UsageError(f"register_task({name!r}): the factory must be callable, got {type(factory).__name__}.")
     if name in TASK_ENTRIES and not replace:
-        raise ValueError(f"The task {name!r} is already registered ({TASK_ENTRIES[name].description}); pass "
+        raise UsageError(f"The task {name!r} is already registered ({TASK_ENTRIES[name].description}); pass "
                          f"replace=True to replace it.")
     TASK_ENTRIES[name] = TaskEntry(name, description, lambda settings: call_factory(factory, settings, name))
 
@@ -141,12 +142,12 @@ def call_factory(factory: Callable, settings: Mapping | None, source: str) -> ob
 def task_names(kind: str | None = None) -> list[str]:
     """Every registered task name (of ``kind``, one of :data:`TASK_KINDS`, when given), sorted."""
     if kind is not None and kind not in TASK_KINDS:
-        raise ValueError(f"Unknown task kind {kind!r}; valid: {', '.join(TASK_KINDS)}.")
+        raise UsageError(f"Unknown task kind {kind!r}; valid: {', '.join(TASK_KINDS)}.")
     return sorted(name for name, entry in TASK_ENTRIES.items() if kind in (None, entry.kind))
 
 
-def _unknown(task: str, under: str = "") -> ValueError:
-    return ValueError(f"Unknown task {task!r}{under}; valid tasks: {', '.join(task_names())}, or the import path "
+def _unknown(task: str, under: str = "") -> UsageError:
+    return UsageError(f"Unknown task {task!r}{under}; valid tasks: {', '.join(task_names())}, or the import path "
                       f"'package.module:factory' of your own task's factory.")
 
 

@@ -38,6 +38,7 @@ from vgrpo_lib.integrations.testbed.rewards import (
     check_images,
 )
 from vgrpo_lib.integrations.testbed.sampling import null_prompts, sample_images
+from vgrpo_lib.errors import UsageError
 
 __all__ = ["Task", "TASKS", "get_task"]
 
@@ -203,5 +204,5 @@ TASKS: dict[str, Task] = {
 def get_task(name: str) -> Task:
     """The registered task ``name``; ``ValueError`` listing the valid names otherwise."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+        raise UsageError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
     return TASKS[name]
