@@ -2,7 +2,8 @@
 
     0  success
     1  an unexpected error (a bug, an out-of-memory): Python's traceback is kept
-    2  usage or configuration: bad arguments or config values, missing model weights
+    2  usage or configuration: bad arguments or config values (a vgrpo_lib.errors.UsageError; a plain ValueError
+       is a bug, exit 1), missing or unreadable model weights, an output path that cannot be one
     3  the run directory refused: in use by another run, not empty, not a run, no or foreign checkpoints; an
        export folder (`vgrpo export --out`) that holds files
     4  a damaged or unreadable file (named, with what is wrong)
