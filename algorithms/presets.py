@@ -264,18 +264,21 @@ HUB_PRESETS = {
     # Qwen-Image, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/qwen_image/default.yaml (Flow-GRPO: 48 prompts
     # x 16 images at 512 px, 10 steps, true CFG 4 against the empty prompt, lr 3e-4, weight decay 1e-4, LoRA r 64 /
     # alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 1.0 on one of steps 1-3, EMA 0.9 every 4
-    # epochs, 2 gradient steps per epoch, CLIP 1 + PickScore 0.5 per reward) and
-    # examples/nft/lora/qwen_image/rational_rewards_t2i.yaml (DiffusionNFT: 32 prompts x 16, 30-step ODE, beta 1, 10
-    # of the 30 timesteps trained, decay ramp 0.001 up to 0.5, lr 2e-4, 1 gradient step, 40-step evaluation). Evaluation
-    # runs the pipeline's norm-rescaled true CFG 4 against the empty prompt, as the recipes evaluate; Flow-GRPO's
-    # training CFG is plain CFG (no norm rescale). Not reproduced: the NFT recipe's RationalRewards VLM reward
-    # (PickScore here) and its CFG in the rollout, the one SDE step drawn among steps 1-3, the 1024 px evaluation.
+    # epochs, 2 gradient steps per epoch, CLIP 1 + PickScore 0.5 per reward); DiffusionNFT from
+    # verl-project/verl-omni: examples/diffusionnft_trainer/qwen_image/run_qwen_image_ocr_lora_v1.sh (24 prompts x 16
+    # at 512 px, 10-step CFG-free rollout as here, mix beta 0.1 = strength, KL 1e-4 to the base, advantages clipped to
+    # 5, every timestep trained, lr 3e-4, weight decay 1e-4, 2 gradient steps per rollout, 40-step evaluation; its
+    # LoRA targets are QWEN_IMAGE_LORA_TARGET_MODULES; 256 text tokens, as its Flow-GRPO script too). Evaluation runs
+    # the pipeline's norm-rescaled true CFG 4 against the empty prompt, as Flow-Factory's recipes evaluate;
+    # Flow-GRPO's training CFG is plain CFG (no norm rescale). Not reproduced: VeRL-Omni's VLM OCR reward (the
+    # preset's reward here) and its old-policy schedule (delayed linear to 0.999 every 2 steps; here DiffusionNFT's
+    # official ramp), Flow-Factory's one SDE step drawn among steps 1-3, the 1024 px evaluation.
     "qwen-image": {
         "common": [
             "task=qwen-image", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
             "model.image_size=512", "rollout.num_steps=10", "eval.num_steps=28", "model.lora_rank=64",
             "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
-            "model.negative_prompt=", "model.true_cfg_scale=4.0",
+            "model.negative_prompt=", "model.true_cfg_scale=4.0", "model.max_sequence_length=256",
         ],
         "flow_grpo": [
             "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.3",
@@ -283,10 +286,10 @@ HUB_PRESETS = {
             "optim.minibatches=2",
         ],
         "diffusion_nft": [
-            "prompts_per_iteration=32", "rollout.num_steps=30", "eval.num_steps=40", "optim.lr=2e-4",
-            "model.reward=pickscore", "diffusion_nft.strength=1.0", "diffusion_nft.advantage_max=5",
-            "diffusion_nft.timestep_fraction=0.34", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
-            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
+            "prompts_per_iteration=24", "eval.num_steps=40", "diffusion_nft.strength=0.1",
+            "diffusion_nft.ref_kl_coef=1e-4", "diffusion_nft.advantage_max=5", "diffusion_nft.timestep_fraction=1.0",
+            "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0",
+            "optim.minibatch_size=none", "optim.minibatches=2",
         ],
         "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
     },
