@@ -138,6 +138,25 @@ def test_hub_task_builds_the_flux2_task_and_its_policy(pipelines):
         assert set(policy.state_dict()) == trainable
 
 
+def test_presets_and_errors_name_what_is_missing(pipelines, tmp_path):
+    from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
+    from vgrpo_lib.algorithms.presets import build_config
+    from vgrpo_lib.algorithms.tasks import load_task
+
+    for preset, size in (("flux.2-dev", "512"), ("flux.2-klein", "384")):
+        for algo in ALGORITHMS:
+            config = build_config(algo, None, preset, [])
+            assert (config.task, config.model.image_size, config.rollout.num_steps) == (preset, size, 8)
+            assert (config.model.lora_rank, config.model.lora_alpha) == (64, 128)
+    assert build_config("flow_grpo", None, "flux.2-klein", []).flow_grpo.cfg_scale == 4.0  # klein base: true CFG
+    assert build_config("flow_grpo", None, "flux.2-dev", []).flow_grpo.cfg_scale == 1.0  # dev: distilled guidance
+    with pytest.raises(RuntimeError, match="weights are not available.*model.path"):
+        load_task("flux.2-dev", apply_overrides(TrainConfig(), [*hub_overrides(pipelines, "dev"),
+                                                                f"model.path={tmp_path / 'nowhere'}"]).model)
+    with pytest.raises(ValueError, match="family must be one of .*'flux2-klein'"):
+        load_policy(str(pipelines["dev"]), "flux3")
+
+
 ALGORITHMS = {
     "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
     "flow_grpo": ["flow_grpo.ref_kl_coef=0.04"],

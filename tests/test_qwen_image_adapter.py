@@ -147,6 +147,17 @@ def test_true_cfg_at_evaluation_is_the_negative_prompts_and_training_stays_cfg_f
         guided.load_policy()
 
 
+def test_presets_use_the_recipes_scale_and_evaluate_under_true_cfg():
+    from vgrpo_lib.algorithms.presets import build_config
+
+    for algo in ALGORITHMS:
+        config = build_config(algo, None, "qwen-image", [])
+        assert (config.task, config.model.image_size, config.rollout.num_steps) == ("qwen-image", "512", 10)
+        assert (config.model.negative_prompt, config.model.true_cfg_scale) == ("", 4.0)
+    nft = build_config("diffusion_nft", None, "qwen-image", [])
+    assert (nft.prompts_per_iteration, nft.diffusion_nft.strength, nft.diffusion_nft.ref_kl_coef) == (24, 0.1, 1e-4)
+
+
 ALGORITHMS = {
     "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
     "flow_grpo": ["flow_grpo.ref_kl_coef=0.04", "flow_grpo.cfg_scale=2.0"],

@@ -42,8 +42,9 @@ __all__ = [
 
 QWEN_IMAGE_COND_KEYS = ("prompt_embeds", "prompt_embeds_mask")
 
-# The attention projections of both streams and both streams' MLPs (Flow-Factory's default for Qwen-Image lists
-# `img_mlp.net.2.proj`, which diffusers 0.42 names `img_mlp.net.2`: a Linear).
+# The attention projections of both streams and both streams' MLPs: VeRL-Omni's Qwen-Image list
+# (examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh). Flow-Factory's default lists
+# `img_mlp.net.2.proj`, which diffusers 0.42 names `img_mlp.net.2` (a Linear).
 QWEN_IMAGE_LORA_TARGET_MODULES = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
