@@ -33,7 +33,8 @@ Known costs and differences (documented, not hidden):
 - Training rollouts use the pipeline scheduler's own grid (:meth:`DiffusersTask.time_grid`, also used for
   evaluation) unless ``rollout.shift`` is set, in which case ``vgrpo_lib.samplers.time_grid(num_steps, shift)``.
 - The prompt-embedding cache keeps up to ``cache_size`` distinct prompts on the CPU (SD3: 77 + 256 tokens
-  x 4096 in bf16 = 2.7 MB per prompt; FLUX: 512 tokens = 4.2 MB), least recently used first out.
+  x 4096 in bf16 = 2.7 MB per prompt; FLUX: 512 tokens = 4.2 MB; FLUX.2-dev: 512 x 15360 = 15.7 MB, so 1000
+  training prompts hold 16 GB; klein 4B: 7.9 MB; Qwen-Image: 256 x 3584 = 1.8 MB), least recently used first out.
 """
 
 from __future__ import annotations
