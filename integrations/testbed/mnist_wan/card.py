@@ -42,9 +42,9 @@ def model_card(card: dict) -> str:
     sizes = "\n".join(f"| `{name}` | `{c['class']}` | {c['parameters'] / 1e6:.2f}M |"
                       for name, c in card["components"].items())
     rows = "\n".join(
-        f"| {scale:g} | {_pct(m[f'cfg{scale:g}']['classifier_digit_accuracy'])} | "
-        f"{_pct(m[f'cfg{scale:g}']['judge_digit_accuracy'])} | {_pct(m[f'cfg{scale:g}']['direction_accuracy'])} | "
-        f"{_pct(m[f'cfg{scale:g}']['both_accuracy'])} |" for scale in ev["guidance_scales"])
+        f"| {scale:g} | {c['reward_mean']:.3f} | {_pct(c['digit_accuracy'])} | {_pct(c['direction_accuracy'])} | "
+        f"{_pct(c['both_accuracy'])} | {_pct(c['judge_digit_accuracy'])} | {_pct(c['judge_direction_accuracy'])} | "
+        f"{_pct(c['judge_both_accuracy'])} |" for scale in ev["guidance_scales"] for c in [m[f"cfg{scale:g}"]])
     vae = m["vae_round_trip"]
     clip = card["clip"]
     return f"""# MNIST-Wan: a `WanPipeline` trained on moving MNIST digits on one CPU core
@@ -91,12 +91,15 @@ the {len(motion_prompts('eval'))} `eval` prompts are held-out phrasings).
   (originals {_pct(vae['original_digit_accuracy'])}), centre-of-mass direction accuracy
   {_pct(vae['reconstruction_direction_accuracy'])} (originals {_pct(vae['original_direction_accuracy'])}).
 - Samples on the held-out prompts ({ev['per_prompt']} per prompt), {ev['num_steps']} UniPC steps, noise seed
-  {ev['seed']}. Digit: the class probabilities averaged over the frames' 28x28 windows around the ink's centre of
-  mass (the testbed classifier, a CNN; the judge, an MLP trained on a disjoint split); direction: the
-  least-squares velocity of the ink's centre of mass, nearest of the four directions.
+  {ev['seed']}. Reward: the `motion` reward (the testbed classifier's frame-mean probability of the prompted digit
+  times the centre-of-mass velocity along the prompted direction, clipped to [0, 1]). Digit: the class
+  probabilities averaged over the frames' 28x28 windows around the ink's centre of mass (the testbed classifier,
+  a CNN); direction: the least-squares velocity of the ink's centre of mass, nearest of the four directions.
+  Judge (never a reward): the MLP judge trained on a disjoint split, majority over the frames, and block
+  matching (the one-pixel shift that best predicts each next frame) for the direction.
 
-| guidance | digit (classifier) | digit (judge) | direction | both |
-|---|---|---|---|---|
+| guidance | reward | digit | direction | both | judge digit | judge direction | judge both |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 Raw numbers: `card.json` in this folder.

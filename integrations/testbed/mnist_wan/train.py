@@ -46,10 +46,11 @@ from .build import FLOW_SHIFT, TEXT_LENGTH, build_pipeline, build_scheduler
 from .card import describe, model_card
 from .prompts import motion_prompts
 from .render import DIRECTIONS, classifier_view, measured_direction, render_clips
+from .rewards import MotionJudge, MotionReward
 
 __all__ = [
-    "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss", "encode_moments",
-    "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips", "generate",
+    "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss",
+    "encode_moments", "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips", "generate",
     "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan", "main",
 ]
 
@@ -197,22 +198,24 @@ def generate(pipe, prompts: list[str], guidance_scale: float, seed: int, num_ste
     return torch.cat(clips)
 
 
-def sample_metrics(pipe, classifiers: dict, per_prompt: int, guidance_scale: float, seed: int,
-                   num_steps: int) -> dict:
-    """On the ``"eval"`` prompts (``per_prompt`` clips each): per classifier (name -> model) the clip-level digit
-    accuracy, the centre-of-mass direction accuracy, and both at once (by the first classifier)."""
+def sample_metrics(pipe, classifier, per_prompt: int, guidance_scale: float, seed: int, num_steps: int,
+                   judge=None) -> dict:
+    """On the ``"eval"`` prompts (``per_prompt`` clips each): the ``MotionReward`` mean, the reward classifier's
+    clip-level digit accuracy (``read_clips``), the centre-of-mass direction accuracy and both at once; with a
+    ``judge`` also ``MotionJudge``'s digit, block-matching direction and both accuracies (``judge_*``)."""
     triples = motion_prompts("eval")
     prompts = [p for p, _, _ in triples for _ in range(per_prompt)]
     digits = torch.tensor([d for _, d, _ in triples for _ in range(per_prompt)])
     directions = torch.tensor([k for _, _, k in triples for _ in range(per_prompt)])
     clips = generate(pipe, prompts, guidance_scale, seed, num_steps)
+    right = read_clips(classifier, clips) == digits
     moved = measured_direction(clips) == directions
-    out = {"direction_accuracy": moved.float().mean().item()}
-    for i, (name, classifier) in enumerate(classifiers.items()):
-        right = read_clips(classifier, clips) == digits
-        out[f"{name}_digit_accuracy"] = right.float().mean().item()
-        if i == 0:
-            out["both_accuracy"] = (right & moved).float().mean().item()
+    out = {"reward_mean": MotionReward(classifier)(clips, prompts).mean().item(),
+           "digit_accuracy": right.float().mean().item(), "direction_accuracy": moved.float().mean().item(),
+           "both_accuracy": (right & moved).float().mean().item()}
+    if judge is not None:
+        judged = MotionJudge(judge)(clips, prompts)
+        out.update({f"judge_{k}_accuracy": v.float().mean().item() for k, v in judged.items()})
     return {k: round(v, 4) for k, v in out.items()}
 
 
@@ -349,7 +352,7 @@ def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dic
                 module.eval()
             for shift, scale in EVAL["probe_settings"]:
                 pipe.scheduler = build_scheduler(shift)
-                metrics = sample_metrics(pipe, {"classifier": classifier}, EVAL["probe_per_prompt"], scale,
+                metrics = sample_metrics(pipe, classifier, EVAL["probe_per_prompt"], scale,
                                          EVAL["seed"], EVAL["num_steps"])
                 probe_log({"stage": "flow", "step": step, "flow_shift": shift, "guidance_scale": scale, **metrics})
             pipe.scheduler = build_scheduler()
@@ -365,13 +368,13 @@ def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dic
 
 
 def measure(pipe) -> dict:
-    """The model card's numbers: the VAE round trip and, per guidance scale, ``sample_metrics`` by the testbed
-    classifier (the reward's) and the judge (an MLP on a disjoint split)."""
-    classifiers = {"classifier": load_pretrained("classifier"), "judge": load_pretrained("judge")}
-    out = {"vae_round_trip": vae_round_trip(pipe.vae, classifiers["classifier"])}
+    """The model card's numbers: the VAE round trip and, per guidance scale, ``sample_metrics`` with the testbed
+    classifier (the reward's CNN) and the judge (an MLP trained on a disjoint split)."""
+    classifier, judge = load_pretrained("classifier"), load_pretrained("judge")
+    out = {"vae_round_trip": vae_round_trip(pipe.vae, classifier)}
     for scale in EVAL["guidance_scales"]:
-        out[f"cfg{scale:g}"] = sample_metrics(pipe, classifiers, EVAL["per_prompt"], scale, EVAL["seed"],
-                                              EVAL["num_steps"])
+        out[f"cfg{scale:g}"] = sample_metrics(pipe, classifier, EVAL["per_prompt"], scale, EVAL["seed"],
+                                              EVAL["num_steps"], judge)
     return out
 
 
