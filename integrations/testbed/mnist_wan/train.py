@@ -51,7 +51,8 @@ from .rewards import MotionJudge, MotionReward
 __all__ = [
     "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss",
     "encode_moments", "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips",
-    "generate", "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan", "main",
+    "generate", "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan",
+    "main",
 ]
 
 NUM_THREADS = 1  # the thread count the shipped weights are reproducible at (float sums change order with it)
