@@ -493,14 +493,15 @@ def parse_image_size(text: str) -> int | tuple[int, int] | None:
 
 @dataclass
 class ModelConfig(Section):
-    """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``mnist-sd3/<task>``); testbed tasks ignore
+    """The diffusers tasks (``task=sd3.5-medium`` / ``flux.1-dev`` / ``flux.2-dev`` / ``qwen-image`` / ``mnist-sd3/<task>``
+    ...); testbed tasks ignore
     this section. ``None`` means the task's own value (the mnist-sd3 tasks bring prompts, reward and image size)."""
 
     path: str | None = setting(
         None, help="Local diffusers pipeline directory or hub id. None: the task's, from the Hugging Face cache.",
     )
     prompts: str | None = setting(
-        None, help="Training prompt file, one prompt per line (required by sd3.5-medium / flux.1-dev).",
+        None, help="Training prompt file, one prompt per line (required by the hub models: sd3.5-medium, flux.1-dev, ...).",
     )
     eval_prompts: str | None = setting(
         None, help="Evaluation prompt file. None: the task's, else the first 8 training prompts.",
@@ -511,7 +512,8 @@ class ModelConfig(Section):
     )
     image_size: str | None = setting(
         None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16"),
-        help="Image size in pixels, 512 or HxW. None: the task's (512 SD3.5-M, 720 FLUX.1-dev).",
+        help="Image size in pixels, 512 or HxW. None: the task's (512 SD3.5-M, FLUX.2-dev and Qwen-Image, 720 "
+        "FLUX.1-dev, 384 FLUX.2 klein).",
     )
     lora_rank: int = setting(32, rule=AT_LEAST_ONE, help="Rank of the trained LoRA adapters.")
     lora_alpha: int = setting(64, rule=AT_LEAST_ONE, help="LoRA alpha (the adapters are scaled by alpha / rank).")
@@ -520,7 +522,8 @@ class ModelConfig(Section):
     )
     dtype: str = setting("bfloat16", choices=("bfloat16", "float16", "float32"), help="Storage dtype of the weights.")
     max_sequence_length: int | None = setting(
-        None, rule=NON_NEGATIVE, help="T5 tokens per prompt. None: 256 SD3 / 512 FLUX; 0 without T5.",
+        None, rule=NON_NEGATIVE, help="Text tokens per prompt (T5 for SD3 / FLUX.1). None: the pipeline's, 256 SD3 / "
+        "512 FLUX, FLUX.2, Qwen-Image; 0 without T5.",
     )
     gradient_checkpointing: bool | None = setting(None, help="Gradient checkpointing. None: on with CUDA.")
     batch_size: int = setting(

@@ -11,7 +11,8 @@
 Four kinds of tasks:
 
 - the embedded testbed's tasks (:data:`vgrpo_lib.integrations.testbed.tasks.TASKS`), which ignore the model settings;
-- the hub models ``sd3.5-medium`` and ``flux.1-dev`` (:func:`vgrpo_lib.integrations.tasks.hub.hub_task`);
+- the hub models ``sd3.5-medium``, ``flux.1-dev``, ``flux.2-dev``, ``flux.2-klein``, ``qwen-image`` and ``wan2.1-t2v``
+  (:func:`vgrpo_lib.integrations.tasks.hub.hub_task`);
 - ``<pipeline>/<task>``: a task of a hub-path pipeline that brings its own prompts, reward and judge
   (``mnist-sd3/digit``, ``mnist-sd3/ocr``: :mod:`vgrpo_lib.integrations.tasks.mnist_sd3`). The part after the
   slash is what ``--task`` names under ``--preset <pipeline>``, so ``--preset mnist-sd3 --task digit`` is
