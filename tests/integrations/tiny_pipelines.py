@@ -1,9 +1,13 @@
-"""Tiny random SD3 / FLUX diffusers pipelines built offline (no hub files), saved with ``save_pretrained``.
+"""Tiny random SD3 / FLUX / FLUX.2 / Qwen-Image diffusers pipelines built offline (no hub files), saved with
+``save_pretrained``.
 
 Every component is the real class with a tiny config: transformer, AutoencoderKL, two CLIP text encoders
 (+ T5 for SD3's third encoder and FLUX's second), the flow-matching scheduler, and tokenizers built in code
 from a byte-level vocabulary (CLIP BPE without merges, a character-level T5 unigram), so the pipelines'
-own ``encode_prompt`` runs end to end. Images are 16x16 pixels (latents 4x8x8).
+own ``encode_prompt`` runs end to end. Images are 16x16 pixels (latents 4x8x8). FLUX.2 (dev: Mistral3, klein:
+Qwen3) and Qwen-Image (Qwen2.5-VL) get decoder-only text encoders with the layer counts their pipelines read and
+a character-level tokenizer with a chat template (`chat_tokenizer`), and their own autoencoders
+(``AutoencoderKLFlux2``, ``AutoencoderKLQwenImage``).
 """
 
 from __future__ import annotations
