@@ -5,6 +5,8 @@
     vgrpo estimators [--preset mnist-sd3] [--quick] [--task digit] --out DIR   the estimator lab (+ ground truth)
     vgrpo ablations [--preset mnist-sd3] [--set paper|regime] [--seeds N] [--quick] --out DIR
                                                                       training-level ablations / regime map
+    vgrpo reward-server --reward NAME [--host H] [--port P] [--max-batch N] [--device D]
+                                                                      a reward served over HTTP (model.reward=URL)
 
 ``--preset`` (default ``testbed``) picks the model the benchmark runs on: the MLP testbed, or a pipeline preset
 (``mnist-sd3``: the shipped MNIST-SD3 pipeline through the hub path), whose tasks ``--task`` names by their short
@@ -22,6 +24,7 @@ from vgrpo_lib.algorithms import cli as training_cli
 from vgrpo_lib.algorithms.cli import Command
 from vgrpo_lib.algorithms.presets import PIPELINES
 from vgrpo_lib.benchmarks.compare import SELECTIONS
+from vgrpo_lib.integrations.rewards.server import add_server_arguments, run_server
 
 __all__ = ["BENCHMARK_COMMANDS", "main", "make_parser"]
 
@@ -97,6 +100,8 @@ BENCHMARK_COMMANDS = (
     Command("estimators", "the estimator lab: noise of each surrogate design", _estimators_arguments, _estimators),
     Command("ablations", "training-level ablations (paper) or the regime map (regime)", _ablations_arguments,
             _ablations),
+    Command("reward-server", "serve a reward over HTTP with dynamic batching (vgrpo_lib.integrations.rewards.server)",
+            add_server_arguments, run_server),
 )
 
 

@@ -63,6 +63,7 @@ from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
 from vgrpo_lib.integrations.metrics import diversity
 from vgrpo_lib.integrations.rewards import MultiReward, get_reward
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
+from vgrpo_lib.integrations.rewards.remote import is_remote_spec, remote_reward
 from vgrpo_lib.integrations.tasks.imports import is_import_path, load_import_path
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 from vgrpo_lib.samplers import sample_ode
@@ -249,21 +250,50 @@ def make_reward(spec: str | Mapping[str, float] | Callable) -> Callable:
     ``spec``: a registered name (``"pickscore"``), a weighted spec ``"pickscore:1,ocr:0.5"`` or a mapping
     ``{"pickscore": 1.0, "ocr": 0.5}`` (a :class:`MultiReward`, trained on its weighted sum), an import path
     ``"my_package.my_module:my_reward"`` of any callable ``(images, prompts) -> (B,)`` (:func:`imported_reward`;
-    ``model.reward=my_module:my_reward``), or any callable (returned unchanged).
+    ``model.reward=my_module:my_reward``), the URL of a served reward ``"http://HOST:PORT/NAME"``
+    (:func:`vgrpo_lib.integrations.rewards.remote.remote_reward`; also inside a weighted spec, mixed with local
+    rewards: ``"http://HOST:PORT/pickscore:1,ocr:0.5"``), or any callable (returned unchanged).
     """
     if callable(spec) and not isinstance(spec, str):
         return spec
     if isinstance(spec, str) and is_import_path(spec.strip()):
         return imported_reward(spec.strip())
+    if isinstance(spec, str) and is_remote_spec(spec) and "," not in spec and _split_weight(spec.strip())[1] is None:
+        return remote_reward(spec.strip())
     if isinstance(spec, str) and ":" not in spec and "," not in spec:
         return get_reward(spec.strip())
     if isinstance(spec, str):
-        weights = {}
-        for item in spec.split(","):
-            name, _, weight = item.partition(":")
-            weights[name.strip()] = float(weight) if weight else 1.0
-        spec = weights
-    return TotalReward(MultiReward(dict(spec)))
+        items = [_split_weight(item.strip()) for item in spec.split(",")]
+    else:
+        items = [(str(name), float(weight)) for name, weight in dict(spec).items()]
+    return TotalReward(_weighted_rewards([(name, 1.0 if weight is None else weight) for name, weight in items]))
+
+
+def _split_weight(item: str) -> tuple[str, float | None]:
+    """``"name:0.5"`` -> ``("name", 0.5)``; a URL keeps its own colons: ``"http://h:8000/ocr:0.5"`` ->
+    ``("http://h:8000/ocr", 0.5)``; the weight is None when the item has none."""
+    if not is_remote_spec(item):
+        name, _, weight = item.partition(":")
+        return name.strip(), float(weight) if weight else None
+    head, colon, tail = item.rpartition(":")
+    if colon and "/" in head.partition("://")[2]:  # the colon follows the URL's path: a weight
+        try:
+            return head, float(tail)
+        except ValueError:
+            pass
+    return item, None
+
+
+def _weighted_rewards(items: list[tuple[str, float]]) -> MultiReward:
+    """A :class:`MultiReward` of registered names and served rewards (URLs, each named by the reward it serves,
+    ``remote_NAME`` beside a local reward of the same name; a UsageError when two items still share a name)."""
+    served = {name: remote_reward(name) for name, _ in items if is_remote_spec(name)}
+    short = [served[name].options.name.replace(".", "_") if name in served else name for name, _ in items]
+    keys = [f"remote_{s}" if name in served and short.count(s) > 1 else s for s, (name, _) in zip(short, items)]
+    if len(set(keys)) < len(keys):
+        raise UsageError(f"The weighted reward names a reward twice: {', '.join(name for name, _ in items)}.")
+    return MultiReward({key: weight for key, (_, weight) in zip(keys, items)},
+                       rewards={key: served[name] for key, (name, _) in zip(keys, items) if name in served})
 
 
 class DiffusersTask:
