@@ -507,8 +507,9 @@ class ModelConfig(Section):
         None, help="Evaluation prompt file. None: the task's, else the first 8 training prompts.",
     )
     reward: str | None = setting(
-        None, help="A reward name, a weighted sum such as pickscore:1,ocr:0.5, or the import path of your own "
-        "reward, my_module:my_reward, a callable (images, prompts) -> (N,). None: the task's (pickscore).",
+        None, help="A reward name, a weighted sum such as pickscore:1,ocr:0.5, the import path of your own "
+        "reward, my_module:my_reward, a callable (images, prompts) -> (N,), or the URL of a served reward "
+        "(vgrpo reward-server), http://HOST:PORT/NAME, alone or in a weighted sum. None: the task's (pickscore).",
     )
     image_size: str | None = setting(
         None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16"),
