@@ -241,13 +241,14 @@ HUB_PRESETS = {
     # 1e-4, LoRA r 64 / alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 0.7 on one of steps 1-3,
     # EMA 0.9 every 4 epochs, 2 gradient steps per epoch, PickScore) and examples/nft/lora/flux2_klein_base/default.yaml
     # (DiffusionNFT: beta 0.1 = strength, 2 of the 8 timesteps trained, old-policy decay ramp 0.001 up to 0.5, lr 1e-4,
-    # 1 gradient step). Not reproduced: the NFT recipe's CFG 4 in its ODE rollout (rollouts here are CFG-free), the one
-    # SDE step drawn among steps 1-3, the 1024 px evaluation.
+    # 1 gradient step). Evaluation runs CFG 4 against the empty prompt, as both recipes evaluate (Flux2KleinPipeline's
+    # CFG for the base checkpoints). Not reproduced: the NFT recipe's CFG 4 in its ODE rollout (rollouts here are
+    # CFG-free), the one SDE step drawn among steps 1-3, the 1024 px evaluation.
     "flux.2-klein": {
         "common": [
             "task=flux.2-klein", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
             "model.image_size=384", "rollout.num_steps=8", "eval.num_steps=28", "model.lora_rank=64",
-            "model.lora_alpha=128", "model.reward=pickscore",
+            "model.lora_alpha=128", "model.reward=pickscore", "model.negative_prompt=", "model.true_cfg_scale=4.0",
         ],
         "flow_grpo": [
             "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=0.7", "flow_grpo.timestep_fraction=0.375",
