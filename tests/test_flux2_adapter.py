@@ -138,6 +138,24 @@ def test_hub_task_builds_the_flux2_task_and_its_policy(pipelines):
         assert set(policy.state_dict()) == trainable
 
 
+def test_klein_evaluates_under_cfg_against_the_negative_prompt(pipelines):
+    """``model.negative_prompt`` with ``model.true_cfg_scale`` > 1: evaluation samples ``v_neg + s (v_c - v_neg)``, the
+    CFG ``Flux2KleinPipeline`` runs for the base checkpoints; the policy itself (training) stays CFG-free."""
+    from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
+    from vgrpo_lib.algorithms.tasks import load_task
+
+    overrides = [*hub_overrides(pipelines, "klein"), "model.negative_prompt=", "model.true_cfg_scale=4.0"]
+    task = load_task(TASKS["klein"], apply_overrides(TrainConfig(), overrides).model)
+    policy = task.load_policy()
+    g = torch.Generator().manual_seed(4)
+    x, t = torch.randn((2, *task.sample_shape), generator=g), torch.rand(2, generator=g)
+    cond, negative = task.condition(PROMPTS[:2]), task.condition([""]).expand(2)
+    with torch.no_grad():
+        v_cond, v_negative = policy(x, t, cond), policy(x, t, negative)
+        torch.testing.assert_close(task.evaluation_policy(policy)(x, t, cond), v_negative + 4.0 * (v_cond - v_negative),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_presets_and_errors_name_what_is_missing(pipelines, tmp_path):
     from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides
     from vgrpo_lib.algorithms.presets import build_config
@@ -148,8 +166,9 @@ def test_presets_and_errors_name_what_is_missing(pipelines, tmp_path):
             config = build_config(algo, None, preset, [])
             assert (config.task, config.model.image_size, config.rollout.num_steps) == (preset, size, 8)
             assert (config.model.lora_rank, config.model.lora_alpha) == (64, 128)
-    assert build_config("flow_grpo", None, "flux.2-klein", []).flow_grpo.cfg_scale == 4.0  # klein base: true CFG
-    assert build_config("flow_grpo", None, "flux.2-dev", []).flow_grpo.cfg_scale == 1.0  # dev: distilled guidance
+    klein, dev = build_config("flow_grpo", None, "flux.2-klein", []), build_config("flow_grpo", None, "flux.2-dev", [])
+    assert klein.flow_grpo.cfg_scale == 4.0 and (klein.model.negative_prompt, klein.model.true_cfg_scale) == ("", 4.0)
+    assert dev.flow_grpo.cfg_scale == 1.0 and dev.model.negative_prompt is None  # dev: distilled guidance only
     with pytest.raises(RuntimeError, match="weights are not available.*model.path"):
         load_task("flux.2-dev", apply_overrides(TrainConfig(), [*hub_overrides(pipelines, "dev"),
                                                                 f"model.path={tmp_path / 'nowhere'}"]).model)
