@@ -38,7 +38,7 @@ from vgrpo_lib.algorithms.errors import (
     RunDirError, UsageError, filesystem_message, path_message,
 )
 from vgrpo_lib.algorithms.presets import PRESETS, build_config
-from vgrpo_lib.algorithms.evaluation import evaluate_policy
+from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
 from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
 from vgrpo_lib.algorithms.tasks import TaskProtocolError, load_task, task_names
@@ -102,10 +102,11 @@ def _sample(args) -> int:
     out = Path(args.out)
     atomic_write_bytes(out, _npz_bytes(**arrays))
     shapes = ", ".join(f"{key} {value.shape}" for key, value in arrays.items())
-    print(f"wrote {shapes} to {out} ({steps} steps, CFG-free)")
+    print(f"wrote {shapes} to {out} ({steps} steps, {guidance_label(config.model)})")
     if args.grid:
         policy_name = f"{config.algo} (run {Path(args.run).name})" if args.run else "base policy"
-        title = f"{policy_name} on {config.task}, seed {args.seed}, {steps} steps (vgrpo sample, CFG-free)"
+        title = (f"{policy_name} on {config.task}, seed {args.seed}, {steps} steps (vgrpo sample, "
+                 f"{guidance_label(config.model)})")
         print(f"sample grid: {task.write_samples(images, prompts, args.grid, title)}")
     return 0
 
@@ -124,7 +125,7 @@ def _eval(args) -> int:
     base_result, _, _ = evaluate_policy(task, base, settings, iteration=0)
     result, images, prompts = evaluate_policy(task, policy, settings, iteration=state["iteration"])
     print_evaluation_table(base_result, result)
-    title = f"{config.algo} on {config.task}, iteration {state['iteration']} (vgrpo eval, CFG-free)"
+    title = f"{config.algo} on {config.task}, iteration {state['iteration']} (vgrpo eval, {guidance_label(config.model)})"
     print(f"sample grid: {task.write_samples(images, prompts, Path(args.run) / 'eval_grid.png', title)}")
     return 0
 

@@ -1,4 +1,5 @@
-"""Evaluation during training: CFG-free ODE samples on held-out seeds (``eval.*``), scored by the task.
+"""Evaluation during training: ODE samples on held-out seeds (``eval.*``), scored by the task; CFG-free unless the
+task evaluates under true CFG against a negative prompt (``model.negative_prompt``, :func:`guidance_label`).
 
 The samples come from their own RNG streams (``eval.seed``): the global streams are untouched by evaluation, and
 every evaluation of a run draws the same noise, so evaluations are comparable and resumes exact. A run that keeps an
@@ -15,13 +16,22 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from vgrpo_lib.algorithms.config import EvalConfig
+from vgrpo_lib.algorithms.config import EvalConfig, ModelConfig
 from vgrpo_lib.algorithms.errors import DivergenceError
 from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.algorithms.rng import isolated_rng
 from vgrpo_lib.algorithms.scoring import check_finite_images
 
-__all__ = ["evaluate_policy"]
+__all__ = ["evaluate_policy", "guidance_label"]
+
+
+def guidance_label(model: ModelConfig) -> str:
+    """How evaluation samples are guided, for titles and model cards: ``"CFG-free"``, or ``"CFG 4 against ''"`` when
+    ``model.negative_prompt`` is set and ``model.true_cfg_scale`` exceeds 1 (what
+    :meth:`vgrpo_lib.integrations.tasks.hub.DiffusersTask.evaluation_policy` then samples)."""
+    if model.negative_prompt is None or model.true_cfg_scale <= 1.0:
+        return "CFG-free"
+    return f"CFG {model.true_cfg_scale:g} against {model.negative_prompt!r}"
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ import torch
 
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import RunDirError
+from vgrpo_lib.algorithms.evaluation import guidance_label
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
 from vgrpo_lib.algorithms.tasks import load_task
 from vgrpo_lib.integrations.atomic import os_error_naming, plain_file_mode
@@ -123,8 +124,8 @@ def model_card(config: TrainConfig, state: dict, evaluations: list[dict], facts:
     if evaluations:
         base, last = evaluations[0], evaluations[-1]
         e = config.eval
-        lines += [f"## Evaluation (iteration {last['iteration']}; held-out seeds, CFG-free, {e.num_steps} ODE steps, "
-                  f"{e.per_prompt} per prompt)", "",
+        lines += [f"## Evaluation (iteration {last['iteration']}; held-out seeds, {guidance_label(config.model)}, "
+                  f"{e.num_steps} ODE steps, {e.per_prompt} per prompt)", "",
                   f"| metric | iteration {base['iteration']} | iteration {last['iteration']} |", "|---|---|---|"]
         for key, value in last.items():
             if key != "iteration" and isinstance(value, (int, float)):

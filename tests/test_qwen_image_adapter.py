@@ -159,7 +159,7 @@ def test_presets_use_the_recipes_scale_and_evaluate_under_true_cfg():
 
 
 ALGORITHMS = {
-    "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
+    "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0", "model.negative_prompt=", "model.true_cfg_scale=2.0"],
     "flow_grpo": ["flow_grpo.ref_kl_coef=0.04", "flow_grpo.cfg_scale=2.0"],
     "diffusion_nft": ["diffusion_nft.ref_kl_coef=1e-4"],
 }
@@ -185,7 +185,9 @@ def test_cli_trains_resumes_exactly_and_exports_a_lora_the_pipeline_loads(pipeli
 
     assert cli_main(["export", "--run", str(straight), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
-    assert f"pipe = QwenImagePipeline.from_pretrained({str(pipeline['path'])!r})" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert f"pipe = QwenImagePipeline.from_pretrained({str(pipeline['path'])!r})" in card
+    assert ("held-out seeds, CFG 2 against ''," if algo == "vgrpo" else "held-out seeds, CFG-free,") in card
     pipe = frozen_pipeline(pipeline)
     pipe.load_lora_weights(out)
     trainer = Trainer.resume(straight, progress=False)
