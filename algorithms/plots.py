@@ -6,7 +6,8 @@
 Left: the mean training reward per iteration. Middle (multi-reward runs only): each reward's raw mean, one curve
 each (their scales differ), with its held-out mean at each evaluation where the evaluation reports it
 (``reward/<name>``, e.g. a diffusers task's weighted reward). Right: the task's declared evaluation metrics (``task.evaluation_metrics``, e.g. the
-classifier's and the independent judge's accuracy) at each evaluation, held-out seeds, CFG-free.
+classifier's and the independent judge's accuracy) at each evaluation, held-out seeds, guided as ``guidance`` says
+(CFG-free unless the task evaluates under true CFG, :func:`vgrpo_lib.algorithms.evaluation.guidance_label`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from vgrpo_lib.integrations.figures import pyplot, save_figure
 __all__ = ["run_figure", "plot_run"]
 
 
-def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str]):
-    """The figure of :func:`plot_run` (``metrics``: metrics.csv rows; ``evaluations``: eval rows; metric -> label)."""
+def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str],
+               guidance: str = "CFG-free"):
+    """The figure of :func:`plot_run` (``metrics``: metrics.csv rows; ``evaluations``: eval rows; metric -> label;
+    ``guidance``: how the evaluation samples were guided)."""
     parts = [k for k in (metrics[0] if metrics else {}) if k.startswith("reward_") and k.endswith("_mean")
              and k != "reward_mean"]
     figure, (left, *each, right) = pyplot().subplots(1, 3 if parts else 2, figsize=(15 if parts else 10, 3.6),
@@ -41,10 +44,11 @@ def run_figure(metrics: list[dict], evaluations: list[dict], evaluation_metrics:
         right.plot(x, [e.get(key, float("nan")) for e in evaluations], marker="o", label=label)
     if evaluations:
         right.legend()
-    right.set(xlabel="iteration", ylabel="held-out seeds, CFG-free", title="evaluation: " + ", ".join(evaluation_metrics))
+    right.set(xlabel="iteration", ylabel=f"held-out seeds, {guidance}", title="evaluation: " + ", ".join(evaluation_metrics))
     return figure
 
 
-def plot_run(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str], path: Path) -> None:
+def plot_run(metrics: list[dict], evaluations: list[dict], evaluation_metrics: dict[str, str], path: Path,
+             guidance: str = "CFG-free") -> None:
     """Write :func:`run_figure` to ``path`` atomically."""
-    save_figure(run_figure(metrics, evaluations, evaluation_metrics), path)
+    save_figure(run_figure(metrics, evaluations, evaluation_metrics, guidance), path)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
 from vgrpo_lib.algorithms.errors import DamagedFileError, UsageError
 from vgrpo_lib.algorithms.costs import PhaseClock
-from vgrpo_lib.algorithms.evaluation import evaluate_policy
+from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.gradient_steps import GradientSteps
 from vgrpo_lib.algorithms.micro_batches import accumulate_gradients
 from vgrpo_lib.algorithms.plots import plot_run
@@ -307,7 +307,8 @@ class Trainer:
         flat = [{k: v for k, v in e.items() if not isinstance(v, dict)} for e in self.evaluations]
         self.run.write_rows("eval.csv", flat)
         self.run.write_jsonl("eval.jsonl", self.evaluations)
-        plot_run(self.metrics, flat, self.task.evaluation_metrics, self.run.root / "reward.png")
+        plot_run(self.metrics, flat, self.task.evaluation_metrics, self.run.root / "reward.png",
+                 guidance_label(self.config.model))
 
     def train(self, until: int | None = None) -> list[dict]:
         """Run (or continue) until ``config.iterations``, or stop after iteration ``until`` with a checkpoint (as

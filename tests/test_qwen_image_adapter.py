@@ -147,6 +147,20 @@ def test_true_cfg_at_evaluation_is_the_negative_prompts_and_training_stays_cfg_f
         guided.load_policy()
 
 
+def test_evaluation_guidance_is_named_in_the_plots_and_titles():
+    from vgrpo_lib.algorithms.evaluation import guidance_label
+    from vgrpo_lib.algorithms.plots import run_figure
+
+    plain = apply_overrides(TrainConfig(), ["model.negative_prompt=", "model.true_cfg_scale=1.0"]).model
+    guided = apply_overrides(TrainConfig(), [f"model.negative_prompt={NEGATIVE}", "model.true_cfg_scale=4.0"]).model
+    assert guidance_label(TrainConfig().model) == guidance_label(plain) == "CFG-free"
+    assert guidance_label(guided) == "CFG 4 against ' '"
+    evaluations = [{"iteration": 0, "reward_mean": 0.1}, {"iteration": 2, "reward_mean": 0.3}]
+    figure = run_figure([{"iteration": 0, "reward_mean": 0.2}], evaluations, {"reward_mean": "mean reward"},
+                        guidance_label(guided))
+    assert figure.axes[-1].get_ylabel() == "held-out seeds, CFG 4 against ' '"
+
+
 def test_presets_use_the_recipes_scale_and_evaluate_under_true_cfg():
     from vgrpo_lib.algorithms.presets import build_config
 
