@@ -516,6 +516,11 @@ class ModelConfig(Section):
         help="Image size in pixels, 512 or HxW. None: the task's (512 SD3.5-M, FLUX.2-dev and Qwen-Image, 720 "
         "FLUX.1-dev, 384 FLUX.2 klein).",
     )
+    eval_image_size: str | None = setting(
+        None, rule=Rule(lambda v: parse_image_size(v) is not None, "'H' or 'HxW' with positive multiples of 16"),
+        help="Size of the evaluation (and vgrpo sample) images, 512 or HxW, when it differs from the training "
+        "rollouts' model.image_size (train smaller to save memory and time). None: model.image_size.",
+    )
     lora_rank: int = setting(32, rule=AT_LEAST_ONE, help="Rank of the trained LoRA adapters.")
     lora_alpha: int = setting(64, rule=AT_LEAST_ONE, help="LoRA alpha (the adapters are scaled by alpha / rank).")
     device: str | None = setting(

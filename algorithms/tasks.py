@@ -88,5 +88,6 @@ def load_task(name: str, model: ModelConfig | None = None) -> TaskProtocol:
         if given:
             raise UsageError(f"{', '.join(given)}: the testbed task {name!r} has no model section (its policy is the "
                              f"shipped MLP); the model keys configure the diffusers tasks. Drop them.")
-    settings["image_size"] = None if settings["image_size"] is None else parse_image_size(settings["image_size"])
+    for key in ("image_size", "eval_image_size"):
+        settings[key] = None if settings[key] is None else parse_image_size(settings[key])
     return build_task(name, settings)

@@ -305,7 +305,10 @@ class DiffusersTask:
             transformer in place.
         prompts: training prompts, a list of strings or a text file (one per line).
         reward: see :func:`make_reward` (name, ``"a:1,b:0.5"``, mapping or callable).
-        image_size: ``H`` or ``(H, W)`` in pixels (multiples of 16).
+        image_size: ``H`` or ``(H, W)`` in pixels (multiples of 16): the training rollouts' size.
+        eval_image_size: the size of :meth:`sample`'s images (evaluation, ``vgrpo sample``), ``H`` or ``(H, W)``;
+            default ``image_size``. Training at a lower resolution than the evaluation saves the rollout's and the
+            update's memory and time (the latents' tokens grow with the area); the LoRA adapter applies at any size.
         eval_prompts: evaluation prompts (list or file); default: the first 8 training prompts.
         lora_rank, lora_alpha: the trained adapter (paper SD3.5-M: r=32, alpha=64), on the attention
             projections; only its parameters are trainable.
@@ -331,12 +334,15 @@ class DiffusersTask:
                  gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
                  eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None,
                  evaluation_metrics: Mapping[str, str] | None = None, negative_prompt: str | None = None,
-                 true_cfg_scale: float = 1.0):
+                 true_cfg_scale: float = 1.0, eval_image_size: int | tuple[int, int] | None = None):
         if getattr(base.model.transformer, "peft_config", None):
             raise ValueError("DiffusersTask adds its own LoRA adapter: load the DiffusersPolicy with lora_rank=None.")
         self.base = base
         self.height, self.width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.sample_shape = base.latent_shape(self.height, self.width)
+        eval_size = image_size if eval_image_size is None else eval_image_size
+        self.eval_height, self.eval_width = (eval_size, eval_size) if isinstance(eval_size, int) else tuple(eval_size)
+        self.eval_sample_shape = base.latent_shape(self.eval_height, self.eval_width)
         self.prompts = read_prompts(prompts)
         self.eval_prompt_list = read_prompts(eval_prompts) if eval_prompts is not None else self.prompts[:8]
         self.reward_spec = reward
@@ -448,10 +454,11 @@ class DiffusersTask:
         negative prompt), decoded: images ``(B, 3, H, W)`` on the CPU.
 
         All the initial noise is drawn up front on the CPU from ``generator`` (a seed gives the same images
-        for any ``batch_size``); batches of ``batch_size`` are integrated on the pipeline's device.
+        for any ``batch_size``); batches of ``batch_size`` are integrated on the pipeline's device. The images are
+        ``eval_image_size`` (default: the training size), on the scheduler's grid at that resolution.
         """
-        noise = torch.randn((len(prompts), *self.sample_shape), generator=generator)
-        grid = self.time_grid(num_steps)
+        noise = torch.randn((len(prompts), *self.eval_sample_shape), generator=generator)
+        grid = self.base.sigma_grid(num_steps, self.eval_height, self.eval_width)
         policy = self.evaluation_policy(policy)
         device, images = self.device, []
         for start in range(0, len(prompts), self.batch_size):
@@ -582,7 +589,8 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
              gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
              metrics: Callable | None = None, label: Callable | None = None,
              evaluation_metrics: Mapping[str, str] | None = None, frames: int | None = None,
-             negative_prompt: str | None = None, true_cfg_scale: float = 1.0) -> DiffusersTask:
+             negative_prompt: str | None = None, true_cfg_scale: float = 1.0,
+             eval_image_size: int | tuple[int, int] | None = None) -> DiffusersTask:
     """Build the task of the hub model ``name`` (a key of :data:`HUB_MODELS`; the run config's ``model`` section,
     see :class:`vgrpo_lib.algorithms.config.ModelConfig`, gives the keyword arguments).
 
@@ -642,4 +650,5 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         evaluation_metrics=evaluation_metrics,
         negative_prompt=negative_prompt,
         true_cfg_scale=true_cfg_scale,
+        eval_image_size=eval_image_size,
     )
