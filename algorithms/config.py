@@ -129,6 +129,10 @@ class OptimConfig(Section):
     ema_every: int = setting(
         1, rule=AT_LEAST_ONE, help="Gradient steps between EMA updates (official Flow-GRPO: 8, DiffusionNFT: 1).",
     )
+    ema_offload: bool = setting(
+        False, help="Keep the EMA average in CPU memory (copied to and from the device at each update and evaluation) "
+        "instead of beside the trained weights on the GPU.",
+    )
     max_kl: float | None = setting(
         None, rule=POSITIVE,
         help="Early stop of the epochs: skip the rest once an epoch's mean approx_kl_k3 exceeds this (None: never); "
@@ -144,6 +148,8 @@ class OptimConfig(Section):
                                  f"it is used by {', '.join(users)}.")
         if self.minibatches is not None and self.minibatch_size is not None:
             raise UsageError("optim.minibatches and optim.minibatch_size both set the gradient steps per epoch: set one.")
+        if self.ema_offload and self.ema_decay is None:
+            raise UsageError("optim.ema_offload places the EMA average, which is off: set optim.ema_decay too.")
         if self.ema_decay is not None and config.distributed.strategy == "fsdp2":
             raise UsageError("optim.ema_decay is not supported with distributed.strategy=fsdp2 (the average is not sharded).")
 

@@ -93,22 +93,30 @@ class WeightEMA:
     (``EMAModuleWrapper``): after gradient step ``s`` (1-based count of steps taken), when ``(s + 1) % every == 0``
     (Flow-GRPO: every 8, DiffusionNFT: every 1), ``ema <- d ema + (1 - d) theta`` with
     ``d = min((1 + s) / (10 + s), max_decay)`` (:class:`vgrpo_lib.control.EMAWarmupDecay`). Evaluation runs on the
-    average (:meth:`swapped_in`); training continues on the raw weights.
+    average (:meth:`swapped_in`); training continues on the raw weights. ``offload``: the average lives in CPU memory
+    (the trained weights are copied to it for each update, and it is copied into them for evaluation), so a GPU
+    holds no second set of trained weights.
     """
 
-    def __init__(self, parameters, max_decay: float, every: int = 1):
+    def __init__(self, parameters, max_decay: float, every: int = 1, offload: bool = False):
         self.parameters = [p for p in parameters if p.requires_grad]
-        self.average = [p.detach().clone() for p in self.parameters]
+        self.offload = offload
+        self.average = [p.detach().to("cpu", copy=True) if offload else p.detach().clone() for p in self.parameters]
         self.decay, self.every = EMAWarmupDecay(max_decay), every
 
     def update(self, step: int) -> None:
         """After gradient step ``step`` (1-based): average in the current weights when the step is due."""
         if (step + 1) % self.every == 0:
-            ema_update_(self.average, self.parameters, self.decay(step))
+            source = [p.detach().cpu() for p in self.parameters] if self.offload else self.parameters
+            ema_update_(self.average, source, self.decay(step))
 
     @contextmanager
     def swapped_in(self) -> Iterator[None]:
         """The average in the parameters' place inside the block, the trained values restored after it."""
+        if self.offload:
+            with self._copied_in():
+                yield
+            return
         with torch.no_grad():
             for param, average in zip(self.parameters, self.average):
                 param.data, average.data = average.data, param.data
@@ -118,6 +126,21 @@ class WeightEMA:
             with torch.no_grad():
                 for param, average in zip(self.parameters, self.average):
                     param.data, average.data = average.data, param.data
+
+    @contextmanager
+    def _copied_in(self) -> Iterator[None]:
+        """:meth:`swapped_in` of an offloaded average: copied into the parameters, the trained values kept on the
+        CPU meanwhile."""
+        with torch.no_grad():
+            trained = [p.detach().to("cpu", copy=True) for p in self.parameters]
+            for param, average in zip(self.parameters, self.average):
+                param.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for param, value in zip(self.parameters, trained):
+                    param.copy_(value)
 
     def state_dict(self) -> dict:
         """The averaged parameters (copies)."""

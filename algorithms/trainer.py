@@ -125,7 +125,8 @@ class Trainer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
         self.control = StepControl(schedule_targets(config), self.algorithm.loss_module, self.optimizer)
-        self.ema = None if o.ema_decay is None else WeightEMA(self.policy.parameters(), o.ema_decay, o.ema_every)
+        self.ema = None if o.ema_decay is None else WeightEMA(self.policy.parameters(), o.ema_decay, o.ema_every,
+                                                             offload=o.ema_offload)
         self.gradient_steps = GradientSteps(o, self.optimizer, self._accumulate_gradients, self.shard.world_size, self.ema)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.iteration = 0
