@@ -180,6 +180,27 @@ PIPELINE_TASKS = {
     "mnist-sd3/geneval_ocr": {**_GENEVAL, "common": [*_GENEVAL["common"], "advantage.multi_reward=normalize_then_sum"]},
 }
 
+# What the four hub recipes below share: Flow-Factory's LoRA recipes' scale (48 prompts x 16 samples, weight decay 1e-4,
+# LoRA r 64 / alpha 128, 28-step evaluation), their Flow-GRPO settings (clip 1e-4, advantages clipped to 5, EMA 0.9
+# every 4 epochs of 2 gradient steps), DiffusionNFT's (beta 0.1 = strength, advantages clipped to 5, the official
+# old-policy decay ramp 0.001 up to 0.5) and V-GRPO's paper estimator (K = 4, soft-clipped advantages, one gradient
+# step per rollout). Each preset adds what its own recipe sets; a key it sets again wins, as it comes later.
+_HUB_RECIPES_SHARED = {
+    "common": ["group_size=16", "prompts_per_iteration=48", "optim.weight_decay=1e-4", "eval.num_steps=28",
+               "model.lora_rank=64", "model.lora_alpha=128"],
+    "flow_grpo": ["flow_grpo.clip_range=1e-4", "advantage.clip=5", "optim.ema_decay=0.9", "optim.ema_every=8",
+                  "optim.minibatch_size=none", "optim.minibatches=2"],
+    "diffusion_nft": ["diffusion_nft.strength=0.1", "diffusion_nft.advantage_max=5", "diffusion_nft.decay_rate=0.001",
+                      "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0", "optim.minibatch_size=none"],
+    "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
+}
+
+
+def _hub_recipe(**own: list[str]) -> dict[str, list[str]]:
+    """A hub preset: each entry of ``_HUB_RECIPES_SHARED`` ("common", then each algorithm's) followed by ``own``'s."""
+    return {key: [*_HUB_RECIPES_SHARED.get(key, []), *own.get(key, [])] for key in {**_HUB_RECIPES_SHARED, **own}}
+
+
 # Hub models at their official RL recipes' settings: "common" for every algorithm, then the algorithm's own.
 HUB_PRESETS = {
     # Wan 2.1 T2V 1.3B, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/wan21/t2v.yaml (Flow-GRPO: 48 prompts x
@@ -191,27 +212,14 @@ HUB_PRESETS = {
     # Not reproduced: Flow-Factory draws ONE SDE step among steps 1-3 per rollout (here: steps 1-3 all SDE and
     # trained), evaluates at 480 px / 13 frames (here: the training size) and NFT's timestep_range 0.9. V-GRPO has no
     # Wan recipe: the paper's estimator (K = 4, soft-clipped advantages, one step) at the Flow-GRPO recipe's scale.
-    "wan2.1-t2v": {
-        "common": [
-            "task=wan2.1-t2v", "group_size=16", "prompts_per_iteration=48", "optim.lr=1e-4", "optim.weight_decay=1e-4",
-            "model.image_size=256", "model.frames=5", "rollout.num_steps=10", "eval.num_steps=28",
-            "model.lora_rank=64", "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5",
-            "advantage.multi_reward=normalize_then_sum",
-        ],
-        "flow_grpo": [
-            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=0.9", "flow_grpo.timestep_fraction=0.3",
-            "flow_grpo.cfg_scale=5.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
-            "optim.minibatches=2",
-        ],
-        "diffusion_nft": [
-            "model.image_size=480x832", "model.frames=1", "rollout.num_steps=12", "eval.num_steps=20",
-            "model.lora_rank=128", "model.lora_alpha=128", "model.reward=pickscore", "diffusion_nft.strength=0.1",
-            "diffusion_nft.advantage_max=5", "diffusion_nft.timestep_fraction=0.34", "diffusion_nft.decay_rate=0.001",
-            "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0", "optim.minibatch_size=none",
-            "optim.minibatches=1",
-        ],
-        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
-    },
+    "wan2.1-t2v": _hub_recipe(
+        common=["task=wan2.1-t2v", "optim.lr=1e-4", "model.image_size=256", "model.frames=5", "rollout.num_steps=10",
+                "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum"],
+        flow_grpo=["flow_grpo.noise_level=0.9", "flow_grpo.timestep_fraction=0.3", "flow_grpo.cfg_scale=5.0"],
+        diffusion_nft=["model.image_size=480x832", "model.frames=1", "rollout.num_steps=12", "eval.num_steps=20",
+                       "model.lora_rank=128", "model.lora_alpha=128", "model.reward=pickscore",
+                       "diffusion_nft.timestep_fraction=0.34", "optim.minibatches=1"],
+    ),
     # FLUX.2-dev, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/flux2/t2i.yaml (Flow-GRPO: 48 prompts x 16
     # images at 512 px, 8 steps, distilled guidance 4 (the adapter's default), lr 3e-4, weight decay 1e-4, LoRA r 64 /
     # alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 1.0 on one of steps 1-3, EMA 0.9 every 4
@@ -219,23 +227,12 @@ HUB_PRESETS = {
     # DiffusionNFT recipe for dev: its klein-base one (below) at the dev recipe's scale. Not reproduced: the one SDE
     # step drawn among steps 1-3 (here steps 1-3 all SDE and trained) and the 1024 px evaluation (here the training
     # size). V-GRPO: the paper's estimator at the Flow-GRPO recipe's scale.
-    "flux.2-dev": {
-        "common": [
-            "task=flux.2-dev", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
-            "model.image_size=512", "rollout.num_steps=8", "eval.num_steps=28", "model.lora_rank=64",
-            "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
-        ],
-        "flow_grpo": [
-            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.375",
-            "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none", "optim.minibatches=2",
-        ],
-        "diffusion_nft": [
-            "optim.lr=1e-4", "diffusion_nft.strength=0.1", "diffusion_nft.advantage_max=5",
-            "diffusion_nft.timestep_fraction=0.25", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
-            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
-        ],
-        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
-    },
+    "flux.2-dev": _hub_recipe(
+        common=["task=flux.2-dev", "optim.lr=3e-4", "model.image_size=512", "rollout.num_steps=8",
+                "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum"],
+        flow_grpo=["flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.375"],
+        diffusion_nft=["optim.lr=1e-4", "diffusion_nft.timestep_fraction=0.25", "optim.minibatches=1"],
+    ),
     # FLUX.2 klein base (4B), LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/flux2_klein_base/default.yaml
     # (Flow-GRPO: 48 prompts x 16 images at 384 px, 8 steps, true CFG 4 against the empty prompt, lr 3e-4, weight decay
     # 1e-4, LoRA r 64 / alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 0.7 on one of steps 1-3,
@@ -244,24 +241,12 @@ HUB_PRESETS = {
     # 1 gradient step). Evaluation runs CFG 4 against the empty prompt, as both recipes evaluate (Flux2KleinPipeline's
     # CFG for the base checkpoints). Not reproduced: the NFT recipe's CFG 4 in its ODE rollout (rollouts here are
     # CFG-free), the one SDE step drawn among steps 1-3, the 1024 px evaluation.
-    "flux.2-klein": {
-        "common": [
-            "task=flux.2-klein", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
-            "model.image_size=384", "rollout.num_steps=8", "eval.num_steps=28", "model.lora_rank=64",
-            "model.lora_alpha=128", "model.reward=pickscore", "model.negative_prompt=", "model.true_cfg_scale=4.0",
-        ],
-        "flow_grpo": [
-            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=0.7", "flow_grpo.timestep_fraction=0.375",
-            "flow_grpo.cfg_scale=4.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
-            "optim.minibatches=2",
-        ],
-        "diffusion_nft": [
-            "optim.lr=1e-4", "diffusion_nft.strength=0.1", "diffusion_nft.advantage_max=5",
-            "diffusion_nft.timestep_fraction=0.25", "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5",
-            "diffusion_nft.decay_flat=0", "optim.minibatch_size=none", "optim.minibatches=1",
-        ],
-        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
-    },
+    "flux.2-klein": _hub_recipe(
+        common=["task=flux.2-klein", "optim.lr=3e-4", "model.image_size=384", "rollout.num_steps=8",
+                "model.reward=pickscore", "model.negative_prompt=", "model.true_cfg_scale=4.0"],
+        flow_grpo=["flow_grpo.noise_level=0.7", "flow_grpo.timestep_fraction=0.375", "flow_grpo.cfg_scale=4.0"],
+        diffusion_nft=["optim.lr=1e-4", "diffusion_nft.timestep_fraction=0.25", "optim.minibatches=1"],
+    ),
     # Qwen-Image, LoRA, from X-GenGroup/Flow-Factory: examples/grpo/lora/qwen_image/default.yaml (Flow-GRPO: 48 prompts
     # x 16 images at 512 px, 10 steps, true CFG 4 against the empty prompt, lr 3e-4, weight decay 1e-4, LoRA r 64 /
     # alpha 128, clip 1e-4, advantages clipped to 5, no KL, Flow-SDE noise 1.0 on one of steps 1-3, EMA 0.9 every 4
@@ -274,26 +259,14 @@ HUB_PRESETS = {
     # Flow-GRPO's training CFG is plain CFG (no norm rescale). Not reproduced: VeRL-Omni's VLM OCR reward (the
     # preset's reward here) and its old-policy schedule (delayed linear to 0.999 every 2 steps; here DiffusionNFT's
     # official ramp), Flow-Factory's one SDE step drawn among steps 1-3, the 1024 px evaluation.
-    "qwen-image": {
-        "common": [
-            "task=qwen-image", "group_size=16", "prompts_per_iteration=48", "optim.lr=3e-4", "optim.weight_decay=1e-4",
-            "model.image_size=512", "rollout.num_steps=10", "eval.num_steps=28", "model.lora_rank=64",
-            "model.lora_alpha=128", "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
-            "model.negative_prompt=", "model.true_cfg_scale=4.0", "model.max_sequence_length=256",
-        ],
-        "flow_grpo": [
-            "flow_grpo.clip_range=1e-4", "advantage.clip=5", "flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.3",
-            "flow_grpo.cfg_scale=4.0", "optim.ema_decay=0.9", "optim.ema_every=8", "optim.minibatch_size=none",
-            "optim.minibatches=2",
-        ],
-        "diffusion_nft": [
-            "prompts_per_iteration=24", "eval.num_steps=40", "diffusion_nft.strength=0.1",
-            "diffusion_nft.ref_kl_coef=1e-4", "diffusion_nft.advantage_max=5", "diffusion_nft.timestep_fraction=1.0",
-            "diffusion_nft.decay_rate=0.001", "diffusion_nft.decay_max=0.5", "diffusion_nft.decay_flat=0",
-            "optim.minibatch_size=none", "optim.minibatches=2",
-        ],
-        "vgrpo": ["vgrpo.num_pairs=4", "advantage.soft_clip=3.0", "optim.minibatch_size=none", "optim.epochs=1"],
-    },
+    "qwen-image": _hub_recipe(
+        common=["task=qwen-image", "optim.lr=3e-4", "model.image_size=512", "rollout.num_steps=10",
+                "model.reward=clipscore:1,pickscore:0.5", "advantage.multi_reward=normalize_then_sum",
+                "model.negative_prompt=", "model.true_cfg_scale=4.0", "model.max_sequence_length=256"],
+        flow_grpo=["flow_grpo.noise_level=1.0", "flow_grpo.timestep_fraction=0.3", "flow_grpo.cfg_scale=4.0"],
+        diffusion_nft=["prompts_per_iteration=24", "eval.num_steps=40", "diffusion_nft.ref_kl_coef=1e-4",
+                       "diffusion_nft.timestep_fraction=1.0", "optim.minibatches=2"],
+    ),
 }
 
 OFFICIAL_ON_PIPELINE = {f"official-{pipeline}": pipeline for pipeline in PIPELINES}
