@@ -224,7 +224,8 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     train.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. optim.lr=3e-4 vgrpo.num_pairs=8")
     train.set_defaults(handler=_train)
 
-    sample = commands.add_parser("sample", help="write CFG-free samples of a run (or the base policy) to .npz "
+    sample = commands.add_parser("sample", help="write samples of a run (or the base policy) to .npz under the "
+                                 "task's evaluation guidance: CFG-free, or true CFG against model.negative_prompt "
                                  "(--grid: and a labelled PNG)")
     sample.add_argument("--run", default=None)
     sample.add_argument("--preset", choices=PRESETS, default=None, help="the base policy's preset (default testbed; "
