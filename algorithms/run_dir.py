@@ -33,6 +33,7 @@ symlink, not a regular file, or holds anything but an empty file or a "pid P hos
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import gzip
@@ -54,7 +55,9 @@ import torch
 from vgrpo_lib import __version__
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import DamagedFileError, RunDirError, RunDirExists, RunDirInUse
-from vgrpo_lib.integrations.atomic import TEMP_GLOB, atomic_write_bytes, atomic_write_text, is_temp_name
+from vgrpo_lib.integrations.atomic import (
+    TEMP_GLOB, atomic_write_bytes, atomic_write_text, is_temp_name, os_error_naming,
+)
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = [
@@ -339,10 +342,17 @@ class RunDir:
         if stale:
             warnings.warn(f"{self.lock_path}: the previous holder ({stale}) is gone without releasing it "
                           f"(killed?); taking it over.")
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+            handle.flush()
+        except OSError as error:  # a full disk: the lock is given up (removed when this call made it), named
+            with contextlib.suppress(OSError):
+                handle.close()  # its unwritten line cannot be flushed either
+            if created:
+                self.lock_path.unlink(missing_ok=True)
+            raise os_error_naming(error, self.lock_path) or error from error
         self._lock_handle = handle
 
     def _open_locked(self):
