@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tensordict import TensorDict
 
-from .velocity import FlowTransformerAdapter
+from .velocity import GuidanceEmbeddingAdapter
 
 __all__ = [
     "FLUX_COND_KEYS", "pack_latents", "unpack_latents", "latent_image_ids", "FluxVelocity", "encode_prompts_flux",
@@ -56,14 +56,13 @@ def latent_image_ids(height: int, width: int, device=None, dtype=torch.float32) 
     return ids.reshape(h * w, 3)
 
 
-class FluxVelocity(FlowTransformerAdapter):
+class FluxVelocity(GuidanceEmbeddingAdapter):
     """`FluxTransformer2DModel` presented as `model(x_t, t, cond) -> v` on unpacked latents.
 
     Args:
         transformer: a `FluxTransformer2DModel` (possibly with peft LoRA adapters).
-        guidance_scale: the distilled-guidance value fed to the guidance embedding when the config
-            has `guidance_embeds` (FLUX.1-dev: 3.5 in the pipeline); ignored otherwise
-            (FLUX.1-schnell). A per-sample `cond["guidance"]` (B,) overrides it.
+        guidance_scale: see `GuidanceEmbeddingAdapter` (FLUX.1-dev: 3.5 in the pipeline; FLUX.1-schnell has no
+            guidance embedding).
         autocast_dtype: see `FlowTransformerAdapter`.
 
     Call:
@@ -73,25 +72,18 @@ class FluxVelocity(FlowTransformerAdapter):
     """
 
     def __init__(self, transformer: nn.Module, guidance_scale: float = 3.5, autocast_dtype: torch.dtype | None = None):
-        super().__init__(transformer, autocast_dtype)
-        self.guidance_scale = guidance_scale
+        super().__init__(transformer, guidance_scale, autocast_dtype)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None) -> torch.Tensor:
         self._check_inputs(x_t, t, cond, FLUX_COND_KEYS)
         _, _, height, width = x_t.shape
         dtype = self.transformer.dtype
         prompt_embeds = cond["prompt_embeds"].to(dtype)
-        guidance = None
-        if self.transformer.config.guidance_embeds:
-            if "guidance" in cond.keys():
-                guidance = cond["guidance"].to(torch.float32)
-            else:
-                guidance = torch.full_like(t, self.guidance_scale, dtype=torch.float32)
         with self._autocast(x_t.device):
             tokens = self.transformer(
                 hidden_states=pack_latents(x_t.to(dtype)),
                 timestep=t.to(dtype),
-                guidance=guidance,
+                guidance=self._guidance(t, cond),
                 pooled_projections=cond["pooled_prompt_embeds"].to(dtype),
                 encoder_hidden_states=prompt_embeds,
                 txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=x_t.device, dtype=dtype),

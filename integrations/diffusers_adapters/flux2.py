@@ -30,8 +30,9 @@ import torch
 from torch import nn
 from tensordict import TensorDict
 
+from .latents import latent_shape, vae_scale_factor
 from .schedules import sigma_grid_from_scheduler_config
-from .velocity import FlowTransformerAdapter
+from .velocity import GuidanceEmbeddingAdapter
 
 __all__ = [
     "FLUX2_COND_KEYS", "FLUX2_LORA_TARGET_MODULES", "Flux2Velocity", "decode_flux2", "encode_images_flux2",
@@ -95,14 +96,13 @@ def flux2_text_ids(length: int, device=None, dtype=torch.float32) -> torch.Tenso
     return ids
 
 
-class Flux2Velocity(FlowTransformerAdapter):
+class Flux2Velocity(GuidanceEmbeddingAdapter):
     """`Flux2Transformer2DModel` presented as `model(x_t, t, cond) -> v` on (B, 128, h, w) latents.
 
     Args:
         transformer: a `Flux2Transformer2DModel` (possibly with peft LoRA adapters).
-        guidance_scale: the distilled-guidance value fed to the guidance embedding when the config has
-            `guidance_embeds` (FLUX.2-dev: 4.0, the pipeline's default); ignored otherwise (klein). A per-sample
-            `cond["guidance"]` (B,) overrides it.
+        guidance_scale: see `GuidanceEmbeddingAdapter` (FLUX.2-dev: 4.0, the pipeline's default; klein has no
+            guidance embedding).
         autocast_dtype: see `FlowTransformerAdapter`.
 
     Call:
@@ -112,26 +112,19 @@ class Flux2Velocity(FlowTransformerAdapter):
     """
 
     def __init__(self, transformer: nn.Module, guidance_scale: float = 4.0, autocast_dtype: torch.dtype | None = None):
-        super().__init__(transformer, autocast_dtype)
-        self.guidance_scale = guidance_scale
+        super().__init__(transformer, guidance_scale, autocast_dtype)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None) -> torch.Tensor:
         self._check_inputs(x_t, t, cond, FLUX2_COND_KEYS)
         batch, channels, height, width = x_t.shape
         dtype = self.transformer.dtype
         prompt_embeds = cond["prompt_embeds"].to(dtype)
-        guidance = None
-        if self.transformer.config.guidance_embeds:
-            if "guidance" in cond.keys():
-                guidance = cond["guidance"].to(torch.float32)
-            else:
-                guidance = torch.full_like(t, self.guidance_scale, dtype=torch.float32)
         tokens = x_t.to(dtype).reshape(batch, channels, height * width).transpose(1, 2)
         with self._autocast(x_t.device):
             out = self.transformer(
                 hidden_states=tokens,
                 timestep=t.to(dtype),
-                guidance=guidance,
+                guidance=self._guidance(t, cond),
                 encoder_hidden_states=prompt_embeds,
                 txt_ids=flux2_text_ids(prompt_embeds.shape[1], device=x_t.device),
                 img_ids=flux2_image_ids(height, width, device=x_t.device),
@@ -160,11 +153,9 @@ def encode_prompts_flux2(pipe, prompts: list[str], max_sequence_length: int = 51
 def flux2_latent_shape(vae: nn.Module, height: int, width: int) -> tuple[int, int, int]:
     """(C, h, w) of the normalised patchified latent of a `height` x `width` image: (4 latent_channels, H/16, W/16)
     for the 8x VAE. Sizes must be multiples of 2 x the VAE's scale factor (16)."""
-    scale = 2 ** (len(vae.config.block_out_channels) - 1)
-    step = 2 * scale
-    if height % step or width % step:
-        raise ValueError(f"image size {height}x{width} must be a multiple of {step} (vae scale {scale} x patch 2)")
-    return 4 * vae.config.latent_channels, height // step, width // step
+    channels, latent_height, latent_width = latent_shape(height, width, vae.config.latent_channels,
+                                                          scale_factor=vae_scale_factor(vae))
+    return 4 * channels, latent_height // 2, latent_width // 2
 
 
 def _batch_norm_statistics(vae: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,6 +5,9 @@ and the diffusion model works on normalised latents `(vae_latent - shift_factor)
 The pipelines undo that normalisation before decoding with
 `vae_input = latents / scaling_factor + shift_factor`; `decode_latents` does the same, so a
 vgrpo_lib rollout's final sample decodes to the image the pipeline would have shown.
+
+The Wan video autoencoder and Qwen-Image's (a one-frame variant of it) normalise per channel instead, with the
+config's `latents_mean` / `latents_std` (`latent_channel_statistics`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["vae_scale_factor", "latent_shape", "decode_latents"]
+__all__ = ["vae_scale_factor", "latent_shape", "decode_latents", "latent_channel_statistics"]
 
 
 def vae_scale_factor(vae: nn.Module) -> int:
@@ -47,3 +50,12 @@ def decode_latents(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     z = latents / vae.config.scaling_factor + shift
     images = vae.decode(z.to(vae.dtype), return_dict=False)[0]
     return (images.float() / 2 + 0.5).clamp(0, 1)
+
+
+def latent_channel_statistics(vae: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE config's per-channel `latents_mean` and `latents_std` as (1, z_dim, 1, 1, 1) tensors on the device and
+    in the dtype of `like` (Wan's and Qwen-Image's video autoencoders: `latents = (vae_latent - mean) / std`)."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+    std = torch.tensor(vae.config.latents_std).view(shape).to(like.device, like.dtype)
+    return mean, std

@@ -32,7 +32,8 @@ from tensordict import TensorDict
 from vgrpo_lib.samplers import ClassifierFreeGuidance
 
 from .flux import pack_latents, unpack_latents
-from .velocity import FlowTransformerAdapter, classifier_free_guidance
+from .latents import latent_channel_statistics, latent_shape
+from .velocity import GuidanceEmbeddingAdapter, classifier_free_guidance
 
 __all__ = [
     "QWEN_IMAGE_COND_KEYS", "QWEN_IMAGE_LORA_TARGET_MODULES", "NormRescaledGuidance", "QwenImageVelocity",
@@ -52,13 +53,13 @@ QWEN_IMAGE_LORA_TARGET_MODULES = (
 )
 
 
-class QwenImageVelocity(FlowTransformerAdapter):
+class QwenImageVelocity(GuidanceEmbeddingAdapter):
     """`QwenImageTransformer2DModel` presented as `model(x_t, t, cond) -> v` on unpacked latents.
 
     Args:
         transformer: a `QwenImageTransformer2DModel` (possibly with peft LoRA adapters).
-        guidance_scale: fed to the guidance embedding only for a guidance-distilled config (`guidance_embeds`);
-            Qwen-Image itself has none.
+        guidance_scale: see `GuidanceEmbeddingAdapter`; used only by a guidance-distilled config
+            (`guidance_embeds`), Qwen-Image itself has none.
         autocast_dtype: see `FlowTransformerAdapter`.
 
     Call:
@@ -68,8 +69,7 @@ class QwenImageVelocity(FlowTransformerAdapter):
     """
 
     def __init__(self, transformer: nn.Module, guidance_scale: float = 1.0, autocast_dtype: torch.dtype | None = None):
-        super().__init__(transformer, autocast_dtype)
-        self.guidance_scale = guidance_scale
+        super().__init__(transformer, guidance_scale, autocast_dtype)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, cond: TensorDict | None) -> torch.Tensor:
         self._check_inputs(x_t, t, cond, QWEN_IMAGE_COND_KEYS)
@@ -77,14 +77,11 @@ class QwenImageVelocity(FlowTransformerAdapter):
         dtype = self.transformer.dtype
         mask = cond["prompt_embeds_mask"]
         length = max(int(mask.sum(dim=1).max()), 1)  # the batch's longest prompt: the rest is padding
-        guidance = None
-        if self.transformer.config.guidance_embeds:
-            guidance = torch.full_like(t, self.guidance_scale, dtype=torch.float32)
         with self._autocast(x_t.device):
             tokens = self.transformer(
                 hidden_states=pack_latents(x_t.to(dtype)),
                 timestep=t.to(dtype),
-                guidance=guidance,
+                guidance=self._guidance(t, cond),
                 encoder_hidden_states=cond["prompt_embeds"][:, :length].to(dtype),
                 encoder_hidden_states_mask=mask[:, :length].to(torch.long),
                 img_shapes=[[(1, height // 2, width // 2)]] * batch,
@@ -152,26 +149,14 @@ def true_cfg_qwen_image(model: nn.Module, negative: TensorDict, true_cfg_scale: 
 def qwen_image_latent_shape(vae: nn.Module, height: int, width: int) -> tuple[int, int, int]:
     """(16, H/8, W/8) for a `height` x `width` image (the VAE's scale is 2 ** len(temperal_downsample)); sizes must
     be multiples of twice the scale (16), as the latent tiles into 2x2 tokens."""
-    scale = 2 ** len(vae.temperal_downsample)
-    step = 2 * scale
-    if height % step or width % step:
-        raise ValueError(f"image size {height}x{width} must be a multiple of {step} (vae scale {scale} x patch 2)")
-    return vae.config.z_dim, height // scale, width // scale
-
-
-def _latent_statistics(vae: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The config's per-channel mean and std as (1, z_dim, 1, 1, 1) tensors."""
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(like.device, like.dtype)
-    std = torch.tensor(vae.config.latents_std).view(shape).to(like.device, like.dtype)
-    return mean, std
+    return latent_shape(height, width, vae.config.z_dim, scale_factor=2 ** len(vae.temperal_downsample))
 
 
 def decode_qwen_image(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     """Decode (B, 16, h, w) normalised latents to (B, 3, H, W) float32 images in [0, 1], as the pipeline does: add
     the frame axis, undo the per-channel normalisation, decode, take the frame, map [-1, 1] to [0, 1]."""
     z = latents[:, :, None].to(vae.dtype)
-    mean, std = _latent_statistics(vae, z)
+    mean, std = latent_channel_statistics(vae, z)
     images = vae.decode(z * std + mean, return_dict=False)[0][:, :, 0]
     return (images.float() / 2 + 0.5).clamp(0, 1)
 
@@ -180,5 +165,5 @@ def encode_images_qwen_image(vae: nn.Module, images: torch.Tensor) -> torch.Tens
     """(B, 3, H, W) images in [0, 1] -> (B, 16, H/8, W/8) normalised latents (the posterior mode); the inverse of
     `decode_qwen_image` up to the autoencoder's error."""
     z = vae.encode((images * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode()
-    mean, std = _latent_statistics(vae, z)
+    mean, std = latent_channel_statistics(vae, z)
     return ((z - mean) / std)[:, :, 0]

@@ -7,9 +7,10 @@ Every algorithm in vgrpo_lib talks to a network through one protocol,
 under the rectified-flow convention z_t = (1 - t) x + t eps with velocity target eps - x. The
 diffusers transformers of SD3 and FLUX speak that convention too, but each with its own calling
 details (timestep scale, token packing, position ids, guidance embedding). `FlowTransformerAdapter`
-holds what the two have in common (the wrapped transformer, dtype handling, bf16 autocast) and the
-subclasses in sd3.py and flux.py translate the call. `classifier_free_guidance` adds CFG with
-precomputed unconditional prompt embeddings.
+holds what they have in common (the wrapped transformer, dtype handling, bf16 autocast, input checks) and the
+subclasses in sd3.py, flux.py, flux2.py, qwen_image.py and wan.py translate the call; `GuidanceEmbeddingAdapter`
+adds the guidance-embedding input of the guidance-distilled ones (FLUX.1-dev, FLUX.2-dev).
+`classifier_free_guidance` adds CFG with precomputed unconditional prompt embeddings.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tensordict import TensorDict
 
 from vgrpo_lib.samplers import classifier_free_guidance as vgrpo_classifier_free_guidance
 
-__all__ = ["FlowTransformerAdapter", "classifier_free_guidance"]
+__all__ = ["FlowTransformerAdapter", "GuidanceEmbeddingAdapter", "classifier_free_guidance"]
 
 
 class FlowTransformerAdapter(nn.Module):
@@ -69,6 +70,31 @@ class FlowTransformerAdapter(nn.Module):
         missing = [k for k in keys if k not in cond.keys()]
         if missing:
             raise KeyError(f"cond lacks {missing}; it has {sorted(cond.keys())}")
+
+
+class GuidanceEmbeddingAdapter(FlowTransformerAdapter):
+    """A `FlowTransformerAdapter` for transformers whose config may have `guidance_embeds` (FLUX.1, FLUX.2,
+    Qwen-Image): a guidance-distilled checkpoint takes the guidance scale as an input embedding, not a second forward.
+
+    Args:
+        transformer, autocast_dtype: see `FlowTransformerAdapter`.
+        guidance_scale: the value fed to the guidance embedding (the pipeline's raw scale, e.g. FLUX.1-dev 3.5,
+            FLUX.2-dev 4.0) when the config has `guidance_embeds`; ignored otherwise. A per-sample
+            `cond["guidance"]` (B,) overrides it.
+    """
+
+    def __init__(self, transformer: nn.Module, guidance_scale: float, autocast_dtype: torch.dtype | None = None):
+        super().__init__(transformer, autocast_dtype)
+        self.guidance_scale = guidance_scale
+
+    def _guidance(self, t: torch.Tensor, cond: TensorDict) -> torch.Tensor | None:
+        """The (B,) float32 guidance input: `cond["guidance"]` when present, else `guidance_scale` for every
+        sample; None for a transformer without a guidance embedding."""
+        if not self.transformer.config.guidance_embeds:
+            return None
+        if "guidance" in cond.keys():
+            return cond["guidance"].to(torch.float32)
+        return torch.full_like(t, self.guidance_scale, dtype=torch.float32)
 
 
 def classifier_free_guidance(model: nn.Module, uncond: TensorDict, guidance_scale: float) -> nn.Module:

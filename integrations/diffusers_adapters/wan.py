@@ -41,6 +41,7 @@ from torch import nn
 from vgrpo_lib.extras import require_extra
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
+from .latents import latent_channel_statistics
 from .lora import add_behaviour_adapter, add_lora, upcast_trainable_parameters
 from .presets import absent_components
 from .schedules import shift_sigmas, sigma_grid_from_scheduler_config
@@ -239,14 +240,6 @@ def wan_sigma_grid_from_scheduler_config(config: Mapping, num_steps: int) -> lis
     return wan_sigma_grid(num_steps, config.get("flow_shift", 1.0), config.get("num_train_timesteps", 1000))
 
 
-def _normalisation(vae: nn.Module, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The VAE's per-channel `latents_mean` and `latents_std`, shaped (1, C, 1, 1, 1) like `like`."""
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(like.device, like.dtype)
-    std = torch.tensor(vae.config.latents_std).view(shape).to(like.device, like.dtype)
-    return mean, std
-
-
 def decode_videos(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     """Decode (B, C, F, h, w) diffusion latents to (B, 3, frames, H, W) float32 videos in [0, 1].
 
@@ -254,7 +247,7 @@ def decode_videos(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     decodes in the VAE's dtype and maps [-1, 1] to [0, 1]. Run it under `torch.no_grad()` for rewards.
     """
     z = latents.to(vae.dtype)
-    mean, std = _normalisation(vae, z)
+    mean, std = latent_channel_statistics(vae, z)
     videos = vae.decode(z * std + mean, return_dict=False)[0]
     return (videos.float() / 2 + 0.5).clamp(0, 1)
 
@@ -264,7 +257,7 @@ def encode_videos(vae: nn.Module, videos: torch.Tensor) -> torch.Tensor:
     normalised `(vae_latent - latents_mean) / latents_std` (the inverse of `decode_videos` up to the VAE's error)."""
     pixels = (videos * 2 - 1).to(vae.device, vae.dtype)
     z = vae.encode(pixels).latent_dist.mode()
-    mean, std = _normalisation(vae, z)
+    mean, std = latent_channel_statistics(vae, z)
     return ((z - mean) / std).float()
 
 
