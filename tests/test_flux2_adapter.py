@@ -8,46 +8,31 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
-from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
-from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters import (  # noqa: E402
     ATTENTION_TARGET_MODULES, FLUX2_LORA_TARGET_MODULES, Flux2Velocity, add_lora, decode_flux2, encode_images_flux2,
     encode_prompts_flux2, flux2_empirical_mu, flux2_sigma_grid, load_policy,
 )
 from vgrpo_lib.integrations.tasks.hub import DiffusersTask  # noqa: E402
 from vgrpo_lib.samplers import sample_ode  # noqa: E402
+from tests.integrations.hub_cli import (  # noqa: E402
+    KL_ON, PROMPTS, TINY_RUN, assert_pipeline_lora_is_the_trained_policy, model_overrides,
+    train_interrupt_resume_export, write_prompt_files,
+)
+from tests.integrations.hub_cli import one_torch_thread  # noqa: E402, F401 (autouse: every test here on one thread)
 from tests.integrations.tiny_pipelines import CHAT_LENGTH, FLUX2_IMAGE_SIZE, save_tiny_flux2  # noqa: E402
 
-PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
 TASKS = {"dev": "flux.2-dev", "klein": "flux.2-klein"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: the tiny models' ops are too small to share, and two threads contend on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     root = tmp_path_factory.mktemp("flux2")
-    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    (root / "eval_prompts.txt").write_text(PROMPTS[0] + "\n")
     return {"dev": save_tiny_flux2(root / "dev"), "klein": save_tiny_flux2(root / "klein", klein=True),
-            "prompts": root / "prompts.txt", "eval_prompts": root / "eval_prompts.txt"}
+            **write_prompt_files(root)}
 
 
 def hub_overrides(pipelines, variant: str) -> list[str]:
-    return [
-        f"model.path={pipelines[variant]}", f"model.prompts={pipelines['prompts']}", "model.reward=jpeg_compressibility",
-        f"model.eval_prompts={pipelines['eval_prompts']}",
-        f"model.image_size={FLUX2_IMAGE_SIZE}", "model.lora_rank=4", "model.lora_alpha=8", "model.dtype=float32",
-        f"model.max_sequence_length={CHAT_LENGTH}", "model.device=cpu",
-    ]
+    return model_overrides(pipelines[variant], pipelines, FLUX2_IMAGE_SIZE, CHAT_LENGTH)
 
 
 def frozen_pipeline(pipelines, variant: str):
@@ -162,7 +147,7 @@ def test_presets_and_errors_name_what_is_missing(pipelines, tmp_path):
     from vgrpo_lib.algorithms.tasks import load_task
 
     for preset, size in (("flux.2-dev", "512"), ("flux.2-klein", "384")):
-        for algo in ALGORITHMS:
+        for algo in KL_ON:
             config = build_config(algo, None, preset, [])
             assert (config.task, config.model.image_size, config.rollout.num_steps) == (preset, size, 8)
             assert (config.model.lora_rank, config.model.lora_alpha) == (64, 128)
@@ -176,45 +161,15 @@ def test_presets_and_errors_name_what_is_missing(pipelines, tmp_path):
         load_policy(str(pipelines["dev"]), "flux3")
 
 
-ALGORITHMS = {
-    "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"],
-    "flow_grpo": ["flow_grpo.ref_kl_coef=0.04"],
-    "diffusion_nft": ["diffusion_nft.ref_kl_coef=1e-4"],
-}
-TINY = ["iterations=2", "prompts_per_iteration=1", "group_size=2", "rollout.num_steps=2", "eval.per_prompt=1",
-        "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01"]
-
-
 @pytest.mark.parametrize("variant, algo", [("dev", "vgrpo"), ("dev", "flow_grpo"), ("dev", "diffusion_nft"),
                                            ("klein", "vgrpo")])
 def test_cli_trains_resumes_exactly_and_exports_a_lora_the_pipeline_loads(pipelines, variant, algo, tmp_path):
-    straight, cut, out = tmp_path / "straight", tmp_path / "cut", tmp_path / "lora"
-    argv = ["train", "--algo", algo, "--task", TASKS[variant], *TINY, *ALGORITHMS[algo], *hub_overrides(pipelines, variant)]
-    assert cli_main([*argv, "--out", str(straight)]) == 0
-    state = RunDir(straight).load_latest_checkpoint()
-    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
+    argv = ["train", "--algo", algo, "--task", TASKS[variant], *TINY_RUN, *KL_ON[algo], *hub_overrides(pipelines, variant)]
+    straight, state, out = train_interrupt_resume_export(argv, tmp_path)
     assert any("single_transformer_blocks.0.attn.to_qkv_mlp_proj" in k for k in state["policy"])
-
-    # Interrupted after one iteration, resumed from the CLI: the same LoRA weights.
-    Trainer(RunDir(straight).train_config(), cut, progress=False).train(until=1)
-    assert cli_main(["train", "--out", str(cut), "--resume"]) == 0
-    resumed = RunDir(cut).load_latest_checkpoint()
-    assert resumed["iteration"] == 2
-    for key, value in state["policy"].items():
-        torch.testing.assert_close(resumed["policy"][key], value, rtol=1e-5, atol=1e-6)
-
-    assert cli_main(["export", "--run", str(straight), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
     pipeline_name = "Flux2KleinPipeline" if variant == "klein" else "Flux2Pipeline"
     assert f"pipe = {pipeline_name}.from_pretrained({str(pipelines[variant])!r})" in (out / "README.md").read_text()
     pipe = frozen_pipeline(pipelines, variant)
     pipe.load_lora_weights(out)
-    trainer = Trainer.resume(straight, progress=False)
-    task = trainer.task
-    g = torch.Generator().manual_seed(2)
-    x, t = torch.randn((3, *task.sample_shape), generator=g), torch.rand(3, generator=g)
-    cond = task.condition(PROMPTS[:3])
-    with torch.no_grad():
-        trained = trainer.policy(x, t, cond)
-        torch.testing.assert_close(Flux2Velocity(pipe.transformer)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
-        assert not torch.allclose(task.reference_policy(trainer.policy)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
+    assert_pipeline_lora_is_the_trained_policy(straight, Flux2Velocity(pipe.transformer))

@@ -9,47 +9,31 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
 from vgrpo_lib.algorithms.config import TrainConfig, apply_overrides  # noqa: E402
-from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
-from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters import (  # noqa: E402
     QwenImageVelocity, encode_images_qwen_image, encode_prompts_qwen_image, load_policy, true_cfg_qwen_image,
 )
 from vgrpo_lib.integrations.tasks.hub import DiffusersTask  # noqa: E402
 from vgrpo_lib.samplers import sample_ode  # noqa: E402
+from tests.integrations.hub_cli import (  # noqa: E402
+    KL_ON, PROMPTS, TINY_RUN, assert_pipeline_lora_is_the_trained_policy, model_overrides,
+    train_interrupt_resume_export, write_prompt_files,
+)
+from tests.integrations.hub_cli import one_torch_thread  # noqa: E402, F401 (autouse: every test here on one thread)
 from tests.integrations.tiny_pipelines import QWEN_IMAGE_LENGTH, QWEN_IMAGE_SIZE, save_tiny_qwen_image  # noqa: E402
 
-PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
 NEGATIVE = " "
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: the tiny models' ops are too small to share, and two threads contend on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen_image")
-    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    (root / "eval_prompts.txt").write_text(PROMPTS[0] + "\n")
-    return {"path": save_tiny_qwen_image(root / "qwen"), "prompts": root / "prompts.txt",
-            "eval_prompts": root / "eval_prompts.txt"}
+    return {"path": save_tiny_qwen_image(root / "qwen"), **write_prompt_files(root)}
 
 
 def hub_overrides(pipeline) -> list[str]:
-    return [
-        f"model.path={pipeline['path']}", f"model.prompts={pipeline['prompts']}", "model.reward=jpeg_compressibility",
-        f"model.eval_prompts={pipeline['eval_prompts']}",
-        f"model.image_size={QWEN_IMAGE_SIZE}", "model.lora_rank=4", "model.lora_alpha=8", "model.dtype=float32",
-        f"model.max_sequence_length={QWEN_IMAGE_LENGTH}", "model.device=cpu",
-    ]
+    return model_overrides(pipeline["path"], pipeline, QWEN_IMAGE_SIZE, QWEN_IMAGE_LENGTH)
 
 
 def frozen_pipeline(pipeline):
@@ -172,44 +156,23 @@ def test_presets_use_the_recipes_scale_and_evaluate_under_true_cfg():
     assert (nft.prompts_per_iteration, nft.diffusion_nft.strength, nft.diffusion_nft.ref_kl_coef) == (24, 0.1, 1e-4)
 
 
+# V-GRPO evaluates under true CFG against the empty prompt, Flow-GRPO trains with CFG.
 ALGORITHMS = {
-    "vgrpo": ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0", "model.negative_prompt=", "model.true_cfg_scale=2.0"],
-    "flow_grpo": ["flow_grpo.ref_kl_coef=0.04", "flow_grpo.cfg_scale=2.0"],
-    "diffusion_nft": ["diffusion_nft.ref_kl_coef=1e-4"],
+    "vgrpo": [*KL_ON["vgrpo"], "model.negative_prompt=", "model.true_cfg_scale=2.0"],
+    "flow_grpo": [*KL_ON["flow_grpo"], "flow_grpo.cfg_scale=2.0"],
+    "diffusion_nft": KL_ON["diffusion_nft"],
 }
-TINY = ["iterations=2", "prompts_per_iteration=1", "group_size=2", "rollout.num_steps=2", "eval.per_prompt=1",
-        "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01"]
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_cli_trains_resumes_exactly_and_exports_a_lora_the_pipeline_loads(pipeline, algo, tmp_path):
-    straight, cut, out = tmp_path / "straight", tmp_path / "cut", tmp_path / "lora"
-    argv = ["train", "--algo", algo, "--task", "qwen-image", *TINY, *ALGORITHMS[algo], *hub_overrides(pipeline)]
-    assert cli_main([*argv, "--out", str(straight)]) == 0
-    state = RunDir(straight).load_latest_checkpoint()
-    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
+    argv = ["train", "--algo", algo, "--task", "qwen-image", *TINY_RUN, *ALGORITHMS[algo], *hub_overrides(pipeline)]
+    straight, state, out = train_interrupt_resume_export(argv, tmp_path)
     assert any("img_mlp.net.2.lora_A" in k for k in state["policy"])
-
-    Trainer(RunDir(straight).train_config(), cut, progress=False).train(until=1)
-    assert cli_main(["train", "--out", str(cut), "--resume"]) == 0
-    resumed = RunDir(cut).load_latest_checkpoint()
-    assert resumed["iteration"] == 2
-    for key, value in state["policy"].items():
-        torch.testing.assert_close(resumed["policy"][key], value, rtol=1e-5, atol=1e-6)
-
-    assert cli_main(["export", "--run", str(straight), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
     card = (out / "README.md").read_text()
     assert f"pipe = QwenImagePipeline.from_pretrained({str(pipeline['path'])!r})" in card
     assert ("held-out seeds, CFG 2 against ''," if algo == "vgrpo" else "held-out seeds, CFG-free,") in card
     pipe = frozen_pipeline(pipeline)
     pipe.load_lora_weights(out)
-    trainer = Trainer.resume(straight, progress=False)
-    task = trainer.task
-    g = torch.Generator().manual_seed(2)
-    x, t = torch.randn((3, *task.sample_shape), generator=g), torch.rand(3, generator=g)
-    cond = task.condition(PROMPTS[:3])
-    with torch.no_grad():
-        trained = trainer.policy(x, t, cond)
-        torch.testing.assert_close(QwenImageVelocity(pipe.transformer)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
-        assert not torch.allclose(task.reference_policy(trainer.policy)(x, t, cond), trained, rtol=1e-5, atol=1e-6)
+    assert_pipeline_lora_is_the_trained_policy(straight, QwenImageVelocity(pipe.transformer))

@@ -12,11 +12,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from vgrpo_lib.algorithms.cli import main  # noqa: E402
 from vgrpo_lib.algorithms.export import load_run_policy  # noqa: E402
-from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
-from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
-from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters.wan import (  # noqa: E402
     WAN_LORA_TARGET_MODULES, WanExperts, WanVelocity, decode_videos, encode_videos, load_wan, wan_latent_shape,
     wan_sigma_grid, wan_sigma_grid_from_scheduler_config,
@@ -26,29 +22,22 @@ from vgrpo_lib.integrations.tasks.wan import (  # noqa: E402
     EXPERT_LORA_FILES, FrameMeanMultiReward, FrameMeanReward, WanTask, frame_mean_reward, frame_strips,
 )
 from vgrpo_lib.samplers import sample_euler  # noqa: E402
+from tests.integrations.hub_cli import (  # noqa: E402
+    KL_ON, PROMPTS, model_overrides,
+    train_interrupt_resume_export, write_prompt_files,
+)
+from tests.integrations.hub_cli import one_torch_thread  # noqa: E402, F401 (autouse: every test here on one thread)
 from tests.integrations.tiny_pipelines import IMAGE_SIZE, T5_LENGTH, WAN_FRAMES, save_tiny_wan  # noqa: E402
 
-PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
 LATENT = (4, 2, 4, 4)  # (C, F, H, W) of a 5-frame 16x16 video of the tiny pipelines
 BOUNDARY = 875.0  # the tiny Wan 2.2's boundary_ratio 0.875 x 1000 timesteps
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: the tiny models' ops are too small to share, and two threads contend on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan")
-    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    (root / "eval_prompts.txt").write_text(PROMPTS[0] + "\n")  # evaluations of 2 videos keep the runs short
     return {"wan2.1": save_tiny_wan(root / "wan21"), "wan2.2": save_tiny_wan(root / "wan22", seed=1, two_experts=True),
-            "prompts": root / "prompts.txt", "eval_prompts": root / "eval_prompts.txt"}
+            **write_prompt_files(root)}
 
 
 def load(path) -> object:
@@ -230,22 +219,19 @@ def test_frame_strips_put_evenly_spaced_frames_side_by_side():
 # V-GRPO on the two-expert pipeline (its K pairs at mixed times route to both experts in one batch), the others on
 # Wan 2.1; each with its KL to the reference switched on, so the adapters-off view is exercised.
 ALGORITHMS = {
-    "vgrpo": ("wan2.2", ["vgrpo.num_pairs=2", "vgrpo.ref_kl_coef=1.0"]),
+    "vgrpo": ("wan2.2", KL_ON["vgrpo"]),
     # The preset's EMA (exported, 0.9 every 8 gradient steps) updated at every step of the short run.
-    "flow_grpo": ("wan2.1", ["flow_grpo.ref_kl_coef=0.04", "flow_grpo.timestep_fraction=1.0", "optim.ema_every=1"]),
-    "diffusion_nft": ("wan2.1", ["diffusion_nft.ref_kl_coef=1e-4"]),
+    "flow_grpo": ("wan2.1", [*KL_ON["flow_grpo"], "flow_grpo.timestep_fraction=1.0", "optim.ema_every=1"]),
+    "diffusion_nft": ("wan2.1", KL_ON["diffusion_nft"]),
 }
 
 
 def overrides(pipelines, version: str, algo: str) -> list[str]:
     """The wan2.1-t2v preset scaled down to the tiny pipeline: 2 iterations of 2 prompts x 2 videos, 3 steps."""
     return [
-        f"model.path={pipelines[version]}", f"model.prompts={pipelines['prompts']}",
-        f"model.eval_prompts={pipelines['eval_prompts']}", "model.reward=jpeg_compressibility",
-        f"model.image_size={IMAGE_SIZE}", f"model.frames={WAN_FRAMES}", "model.lora_rank=4", "model.lora_alpha=8",
-        "model.dtype=float32", f"model.max_sequence_length={T5_LENGTH}", "model.device=cpu", "iterations=2",
-        "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=3", "eval.per_prompt=2", "eval.num_steps=2",
-        "eval.every=0", "checkpoint_every=1", "optim.lr=0.01", *ALGORITHMS[algo][1],
+        *model_overrides(pipelines[version], pipelines, IMAGE_SIZE, T5_LENGTH), f"model.frames={WAN_FRAMES}",
+        "iterations=2", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=3", "eval.per_prompt=2",
+        "eval.num_steps=2", "eval.every=0", "checkpoint_every=1", "optim.lr=0.01", *ALGORITHMS[algo][1],
     ]
 
 
@@ -254,23 +240,10 @@ def test_each_algorithm_trains_from_the_cli_resumes_exactly_and_exports_for_wan_
     from diffusers import WanPipeline
 
     version = ALGORITHMS[algo][0]
-    settings = overrides(pipelines, version, algo)
-    straight, cut, exported = tmp_path / "straight", tmp_path / "cut", tmp_path / "export"
-    assert main(["train", "--algo", algo, "--preset", "wan2.1-t2v", "--out", str(straight), *settings]) == 0
-    state = RunDir(straight).load_latest_checkpoint()
-    assert state["iteration"] == 2 and all("lora_" in k for k in state["policy"]), "LoRA-only checkpoints"
+    argv = ["train", "--algo", algo, "--preset", "wan2.1-t2v", *overrides(pipelines, version, algo)]
+    straight, state, exported = train_interrupt_resume_export(argv, tmp_path)
     assert (straight / "samples_iter_000002.png").stat().st_size > 0
 
-    # Stop after one iteration, resume from the CLI in a fresh process state (the pipeline reloaded from the folder,
-    # configured by the saved config alone): the same LoRA weights up to float summation order.
-    Trainer(build_config(algo, None, "wan2.1-t2v", settings), cut, progress=False).train(until=1)
-    assert main(["train", "--resume", "--out", str(cut)]) == 0
-    resumed = RunDir(cut).load_latest_checkpoint()
-    assert resumed["iteration"] == 2 and resumed["policy"].keys() == state["policy"].keys()
-    for key, value in state["policy"].items():
-        torch.testing.assert_close(resumed["policy"][key], value, rtol=1e-5, atol=1e-6)
-
-    assert main(["export", "--run", str(straight), "--out", str(exported)]) == 0
     two_experts = version == "wan2.2"
     files = EXPERT_LORA_FILES if two_experts else EXPERT_LORA_FILES[:1]
     assert sorted(p.name for p in exported.iterdir()) == sorted(["README.md", *files])
