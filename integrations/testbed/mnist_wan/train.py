@@ -57,7 +57,7 @@ __all__ = [
 
 NUM_THREADS = 1  # the thread count the shipped weights are reproducible at (float sums change order with it)
 VAE_RECIPE = dict(steps=2000, batch_size=16, lr=2e-3, warmup=50, kl=1e-6, seed=100)
-FLOW_RECIPE = dict(steps=18000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
+FLOW_RECIPE = dict(steps=40000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
 PROGRESS = {"vae": dict(checkpoint=50, probe=500, log=25), "flow": dict(checkpoint=250, probe=2000, log=100)}
 EVAL = dict(seed=1234, num_steps=20, guidance_scales=(1.0, 4.0), per_prompt=2, probe_per_prompt=1,
             probe_settings=((FLOW_SHIFT, 1.0), (1.0, 1.0), (FLOW_SHIFT, 4.0)))
