@@ -122,7 +122,8 @@ def _read_table_text(path: Path, kind: str) -> tuple[Path, str] | None:
 
 def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
     """Rows of a metrics CSV (or of its compressed copy, :func:`compressed_path`) with numbers parsed (empty cells
-    dropped); every cell must be a number and every row must have one in each ``required`` column. A file that is not
+    dropped, missing ones None); every cell there must be a number and every row must have one in each ``required``
+    column. A file that is not
     such a CSV raises :class:`DamagedFileError` naming it, the line and the column."""
     found = _read_table_text(path, "CSV file")
     if found is None:
@@ -139,8 +140,8 @@ def read_csv(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
         for column in required:
             if not isinstance(row.get(column), (int, float)):
                 raise DamagedFileError(f"{path} is damaged: line {line} has no number in column {column!r}.")
-        for column, value in row.items():
-            if not isinstance(value, (int, float)):
+        for column, value in row.items():  # None: a cell missing from a row cut short (its record restores it)
+            if value is not None and not isinstance(value, (int, float)):
                 raise DamagedFileError(f"{path} is damaged: line {line}, column {column!r} holds {value!r}, not a number.")
     return rows
 

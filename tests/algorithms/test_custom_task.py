@@ -189,7 +189,7 @@ def test_train_help_separates_the_kinds_of_tasks_and_shows_the_default_algorithm
     text = " ".join(capsys.readouterr().out.split())
     assert "a testbed task" not in text.replace("a testbed task (", "")
     assert "(default: vgrpo)" in text
-    for kind in ("a testbed task (digit,", "--preset mnist-sd3 --task", "a hub model (flux.1-dev, sd3.5-medium",
+    for kind in ("a testbed task (digit,", "--preset mnist-sd3 --task", "a hub model (flux.1-dev, flux.2-dev, flux.2-klein,",
                  "package.module:factory"):
         assert kind in text, kind
 

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from vgrpo_lib.algorithms.cli import main as cli_main
-from vgrpo_lib.algorithms.run_dir import RESUME_MAY_CHANGE, RunDir, read_csv
+from vgrpo_lib.algorithms.run_dir import CHECKPOINT_KEYS, RESUME_MAY_CHANGE, RunDir, read_csv
 from vgrpo_lib.algorithms.trainer import Trainer
 from tests.algorithms.conftest import TINY
 from tests.algorithms.test_reliability import without_their_records
@@ -164,14 +164,19 @@ def test_a_damaged_manifest_is_reported_and_the_previous_checkpoint_used(tiny_co
 # -- issue item 14: checkpoints past iteration 999,999 -----------------------------------------------------------
 
 
+def _state(iteration):
+    """A checkpoint state with every key a training checkpoint holds (run_dir.CHECKPOINT_KEYS), else empty."""
+    return {key: {} for key in CHECKPOINT_KEYS} | {"iteration": iteration}
+
+
 def test_checkpoints_past_iteration_999999_are_ordered_by_their_iteration(tmp_path):
     run, run_id = RunDir(tmp_path / "run"), "a" * 32
     for iteration in (999_998, 999_999, 1_000_000, 1_000_001):
-        run.save_checkpoint(iteration, {"iteration": iteration}, run_id)
+        run.save_checkpoint(iteration, _state(iteration), run_id)
     assert [p.name for p in run.checkpoint_paths()] == ["iter_1000000.pt", "iter_1000001.pt"]
     assert run.load_latest_checkpoint(run_id)["iteration"] == 1_000_001
     (run.checkpoints / "iter_notes.pt").write_bytes(b"not a checkpoint name")  # not counted, not deleted
-    run.save_checkpoint(10_000_000, {"iteration": 10_000_000}, run_id)
+    run.save_checkpoint(10_000_000, _state(10_000_000), run_id)
     assert [p.name for p in run.checkpoint_paths()] == ["iter_1000001.pt", "iter_10000000.pt"]
     assert (run.checkpoints / "iter_notes.pt").exists()
 
