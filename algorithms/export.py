@@ -79,7 +79,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
         atomic_write_text(out / "README.md", model_card(config, state, evaluations, facts))
     except BaseException as error:  # out was new or empty: what is in it now is this export's, removed
         for path in out.iterdir():
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         if created:
             out.rmdir()
         named = os_error_naming(error, out)  # a disk that filled up under safetensors: one line naming the folder

@@ -35,8 +35,6 @@ def resolve_backend(backend: str) -> str:
         return "csv" if missing_packages("tensorboard") else "tensorboard"
     if backend in ("tensorboard", "wandb"):
         require_extra(backend, f"log.backend={backend}")
-    if backend == "wandb":
-        check_wandb_credentials()
     return backend
 
 
@@ -44,7 +42,8 @@ def check_wandb_credentials() -> None:
     """Refuse ``log.backend=wandb`` before a run writes anything when Weights & Biases cannot log: no API key (nor
     ``WANDB_MODE=offline``) or a malformed one; a :class:`~vgrpo_lib.errors.UsageError` of one line. Asks
     ``wandb.login(verify=False)``, which reads the key from ``WANDB_API_KEY`` or ``wandb login``'s file without a
-    network call (and prompts for one on a terminal, as ``wandb.init`` would)."""
+    network call (and prompts for one on a terminal, as ``wandb.init`` would). The trainer calls it once, in its
+    constructor, when ``resolve_backend`` says wandb."""
     import wandb
 
     try:

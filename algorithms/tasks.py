@@ -84,7 +84,8 @@ def load_task(name: str, model: ModelConfig | None = None) -> TaskProtocol:
     when ``model`` sets keys for a testbed task (which has no model section)."""
     settings = asdict(model or ModelConfig())
     if name in task_names("testbed"):
-        given = [f"model.{key}={value}" for key, value in settings.items() if value != asdict(ModelConfig())[key]]
+        defaults = asdict(ModelConfig())
+        given = [f"model.{key}={value}" for key, value in settings.items() if value != defaults[key]]
         if given:
             raise UsageError(f"{', '.join(given)}: the testbed task {name!r} has no model section (its policy is the "
                              f"shipped MLP); the model keys configure the diffusers tasks. Drop them.")

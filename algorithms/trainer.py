@@ -41,7 +41,7 @@ from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
 from vgrpo_lib.algorithms.rng import rng_state, seed_everything, set_rng_state
 from vgrpo_lib.algorithms.run_dir import RunDir, new_run_id
 from vgrpo_lib.algorithms.threads import limit_torch_threads
-from vgrpo_lib.algorithms.run_logging import RunLogger, resolve_backend
+from vgrpo_lib.algorithms.run_logging import RunLogger, check_wandb_credentials, resolve_backend
 from vgrpo_lib.algorithms.scoring import (  # noqa: F401 (RewardError, check_reward: public here too)
     RewardError, call_reward, check_finite_images, check_reward, reward_parts, reward_statistics,
 )
@@ -105,7 +105,8 @@ class Trainer:
         if not _resuming:  # decided by rank 0, which alone writes; nothing is written before train()
             decided_by_main(self.run.refuse_unless_fresh)
         self.run_id, self._resuming = new_run_id(), _resuming
-        resolve_backend(config.log.backend)  # a missing logger package fails here, before anything runs
+        if resolve_backend(config.log.backend) == "wandb":  # a missing package or key fails before anything runs
+            check_wandb_credentials()
         limit_torch_threads()  # no more threads than the cores given (see vgrpo_lib.algorithms.threads)
         seed_everything(config.seed)
         self.task = load_task(config.task, config.model) if task is None else task

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from vgrpo_lib.benchmarks.reliability import REPO, WAIT_S
 
-__all__ = ["BASE_ARGS", "Trial", "TRIALS", "TrialFolder", "fill", "full_disk", "run_trial", "run_trials", "main"]
+__all__ = ["BASE_ARGS", "Trial", "TRIALS", "TrialFolder", "edit_config", "fill", "full_disk", "run_trial", "run_trials", "main"]
 
 # The finished run every trial copies: the tiny testbed configuration of the tests (8x8 digits, 2 iterations).
 BASE_ARGS = ["task=digits8", "iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=6",
@@ -64,7 +64,8 @@ class Trial:
     named: tuple[str, ...] = ()
 
 
-def _edit_config(run: Path, drop: tuple[str, ...] = (), **changes) -> None:
+def edit_config(run: Path, drop: tuple[str, ...] = (), **changes) -> None:
+    """Edit ``run/config.json`` as a user would: drop the top-level keys ``drop``, set each dotted key of ``changes``."""
     config = {key: value for key, value in json.loads((run / "config.json").read_text()).items() if key not in drop}
     for key, value in changes.items():
         *sections, name = key.split(".")
@@ -80,7 +81,7 @@ def _config_edit(drop: tuple[str, ...] = (), **changes):
     larger ``iterations``) continued to the new end."""
     def prepare(folder: TrialFolder):
         run = folder.run_copy()
-        _edit_config(run, drop, **changes)
+        edit_config(run, drop, **changes)
         if changes.get("iterations", 0) > 2:
             return ["train", "--out", str(run), "--resume"], lambda: _resumed_to(run, changes["iterations"])
         return ["train", "--out", str(run), "--resume"], _unchanged(run / "checkpoints", *(run / "checkpoints").iterdir())
@@ -113,7 +114,7 @@ def _fresh_out_holding(make: Callable[[Path, Path], None]):
 def _damaged_manifest(damage: Callable[[dict], None]):
     def prepare(folder: TrialFolder):
         run = folder.run_copy()
-        _edit_config(run, iterations=3)
+        edit_config(run, iterations=3)
         manifest = sorted((run / "checkpoints").glob("*.json"))[-1]
         data = json.loads(manifest.read_text())
         damage(data)
@@ -139,7 +140,7 @@ def _checkpoint_without(key: str):
         from vgrpo_lib.algorithms.run_dir import RunDir
 
         run = folder.run_copy()
-        _edit_config(run, iterations=3)
+        edit_config(run, iterations=3)
         rundir = RunDir(run)
         state = torch.load(rundir.checkpoint_paths()[-1], weights_only=True)
         del state[key]
@@ -156,7 +157,7 @@ def _garbled_eval_value(folder: TrialFolder):
     lines = path.read_text().splitlines()
     record = json.loads(lines[0]) | {"reward_mean": "high"}
     path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
-    _edit_config(run, iterations=3)
+    edit_config(run, iterations=3)
     return ["train", "--out", str(run), "--resume"], _unchanged(path, run / "checkpoints")
 
 
@@ -190,10 +191,9 @@ def fill(disk: Path) -> None:
 
 
 def _usage(args: list[str]):
+    """A command refused for its input (``{work}`` is the trial's folder): nothing may appear in the folder."""
     def prepare(folder: TrialFolder):
-        resolved = [arg.replace("{work}", str(folder.work)) for arg in args]
-        out = folder.work / "out"
-        return resolved, lambda: [f"{out} was created"] if out.exists() else []
+        return [arg.replace("{work}", str(folder.work)) for arg in args], _unchanged(folder.work)
 
     return prepare
 
@@ -276,7 +276,7 @@ TRIALS: tuple[Trial, ...] = (
 
 
 def _grown(run: Path) -> Path:
-    _edit_config(run, iterations=3)
+    edit_config(run, iterations=3)
     return run
 
 

@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 __all__ = ["NAME_MAX", "TEMP_GLOB", "TEMP_SUFFIX", "atomic_write", "atomic_write_bytes", "atomic_write_text",
            "check_file_target", "fsync_directory", "is_temp_name", "os_error_naming", "plain_file_mode", "temp_prefix"]
 
@@ -67,7 +69,7 @@ def os_error_naming(error: BaseException, path: str | os.PathLike) -> OSError | 
     None for any other error (an ``OSError`` that names its file is kept as it is)."""
     if isinstance(error, OSError):
         return None if error.filename or error.errno is None else OSError(error.errno, error.strerror, str(path))
-    found = _SAFETENSORS_OS_ERROR.search(str(error)) if type(error).__name__ == "SafetensorError" else None
+    found = _SAFETENSORS_OS_ERROR.search(str(error)) if isinstance(error, SafetensorError) else None
     return None if found is None else OSError(int(found[1]), os.strerror(int(found[1])), str(path))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from vgrpo_lib.extras import needs_extra
 
@@ -54,8 +55,6 @@ def load_weights(load: Callable[[], T], name: str, purpose: str) -> T:
         name: the hub name or path being loaded (quoted in the message).
         purpose: what the weights are for, e.g. "the PickScore reward model".
     """
-    from safetensors import SafetensorError
-
     try:
         with torch.random.fork_rng(devices=[]):  # a model's random init must not move the global stream
             return load()
@@ -85,8 +84,6 @@ def unreadable_weight_files(folder: Path) -> list[str]:
     ``.safetensors`` whose header does not parse (truncated, emptied, not safetensors) and every pickled ``.bin`` /
     ``.pt`` / ``.pth`` (loaded only as safetensors-convertible tensors, ``weights_only``; any other pickle is refused
     unread). Reads the safetensors headers and the pickles' tensors only when called (an error path)."""
-    from safetensors import SafetensorError, safe_open
-
     problems = []
     for path in sorted(folder.rglob("*")):
         if path.suffix == ".safetensors":

@@ -9,6 +9,7 @@ import pytest
 from vgrpo_lib.algorithms.cli import main as cli_main
 from vgrpo_lib.algorithms.run_dir import CHECKPOINT_KEYS, RESUME_MAY_CHANGE, RunDir, read_csv
 from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.benchmarks.adversarial import edit_config
 from tests.algorithms.conftest import TINY
 from tests.algorithms.test_reliability import without_their_records
 
@@ -20,17 +21,6 @@ def _train(out, *overrides):
 def _resume(out):
     return cli_main(["train", "--out", str(out), "--resume"])
 
-
-def _edit_config(out, drop=(), **changes):
-    path = out / "config.json"
-    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in drop}
-    for key, value in changes.items():
-        *sections, name = key.split(".")
-        target = config
-        for section in sections:
-            target = target[section]
-        target[name] = value
-    path.write_text(json.dumps(config))
 
 
 # -- item 1: a resume refuses an edited config -------------------------------------------------------------------
@@ -47,7 +37,7 @@ def test_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_keys(tmp
     out = tmp_path / "run"
     assert _train(out) == 0
     before = (out / "metrics.csv").read_bytes()
-    _edit_config(out, **changes)
+    edit_config(out, **changes)
     capsys.readouterr()
     assert _resume(out) == 3
     err = capsys.readouterr().err
@@ -60,13 +50,13 @@ def test_resume_accepts_the_documented_keys_changed(tmp_path, capsys):
     assert set(RESUME_MAY_CHANGE) == {"iterations", "checkpoint_every", "eval.every", "log.backend"}
     out = tmp_path / "run"
     assert _train(out) == 0
-    _edit_config(out, iterations=3, checkpoint_every=2, **{"eval.every": 5})
+    edit_config(out, iterations=3, checkpoint_every=2, **{"eval.every": 5})
     assert _resume(out) == 0
     assert [p.name for p in RunDir(out).checkpoint_paths()] == ["iter_000002.pt", "iter_000003.pt"]
     manifest = json.loads((out / "checkpoints" / "iter_000003.json").read_text())
     assert manifest["algo"] == "vgrpo" and manifest["task"] == "digits8" and manifest["library_version"]
     assert len(manifest["config_sha256"]) == 64 and manifest["config"]["group_size"] == 4
-    _edit_config(out, iterations=2)  # fewer iterations than the checkpoint has: refused, not silently finished
+    edit_config(out, iterations=2)  # fewer iterations than the checkpoint has: refused, not silently finished
     assert _resume(out) == 3
     assert "iterations" in capsys.readouterr().err
 
@@ -93,7 +83,7 @@ def test_a_users_tmp_file_in_out_is_neither_deleted_nor_counted_as_fresh(tmp_pat
     (run / "checkpoints" / ".iter_000001.pt.abc.tmp").write_bytes(b"mine too")
     leftover = run / ".metrics.csv.x1x1x1x1.vgrpo.tmp"
     leftover.write_bytes(b"half a write")
-    _edit_config(run, iterations=3)
+    edit_config(run, iterations=3)
     assert _resume(run) == 0
     assert not leftover.exists()
     assert (run / ".notes.tmp").read_bytes() == b"mine"
@@ -205,7 +195,7 @@ def test_metrics_rows_come_back_from_the_checkpoint(tmp_path, damage):
     assert _train(run) == 0
     before = read_csv(run / "metrics.csv")
     damage(run)
-    _edit_config(run, iterations=3)
+    edit_config(run, iterations=3)
     assert _resume(run) == 0
     after = read_csv(run / "metrics.csv")
     assert [row["iteration"] for row in after] == [0, 1, 2]
@@ -218,7 +208,7 @@ def test_without_the_checkpoints_record_a_resume_refuses_naming_the_file(tmp_pat
     assert _train(run) == 0
     without_their_records(RunDir(run))
     _cut_last_row(run)
-    _edit_config(run, iterations=3)
+    edit_config(run, iterations=3)
     capsys.readouterr()
     assert _resume(run) == 4
     err = capsys.readouterr().err
@@ -260,7 +250,7 @@ def test_a_resume_with_another_thread_count_or_library_warns_naming_it(tmp_path,
     manifest = json.loads(manifest_path.read_text())
     assert set(manifest["environment"]) == {"torch_threads", "torch", "tensordict", "torchrl", "python"}
     assert manifest["environment"]["torch_threads"] >= 1
-    _edit_config(out, iterations=3)
+    edit_config(out, iterations=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert _resume(out) == 0
@@ -270,6 +260,6 @@ def test_a_resume_with_another_thread_count_or_library_warns_naming_it(tmp_path,
     threads = manifest["environment"]["torch_threads"]
     manifest["environment"] |= {"torch_threads": threads + 7, "torch": "0.0.1"}
     manifest_path.write_text(json.dumps(manifest))
-    _edit_config(out, iterations=4)
+    edit_config(out, iterations=4)
     with pytest.warns(UserWarning, match=rf"made with torch_threads {threads + 7} -> {threads}, torch 0\.0\.1 -> "):
         assert _resume(out) == 0

@@ -136,7 +136,8 @@ def train_vae(vae, *, steps: int, batch_size: int, lr: float, kl: float, seed: i
 
 @torch.no_grad()
 def encode_moments(vae, images: torch.Tensor, batch: int = 250) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior mean and std of ``images`` ``(N, 3, H, W)`` in [0, 1], unscaled: two ``(N, 4, H/4, W/4)``."""
+    """Posterior mean and std of ``images`` ``(N, 3, H, W)`` in [0, 1], unscaled: two ``(N, 4, H/4, W/4)``; any VAE
+    and layout its ``encode`` takes (MNIST-Wan: clips ``(N, 3, F, H, W)``), ``batch`` at a time."""
     means, stds = [], []
     for chunk in images.split(batch):
         dist = vae.encode(chunk * 2 - 1).latent_dist

@@ -40,7 +40,7 @@ import torch
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.data import load_mnist
-from vgrpo_lib.integrations.testbed.mnist_sd3.train import optimizer_step, reconstruction_loss
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import encode_moments, optimizer_step, reconstruction_loss
 
 from .build import FLOW_SHIFT, TEXT_LENGTH, build_pipeline, build_scheduler
 from .card import describe, model_card
@@ -50,7 +50,7 @@ from .rewards import MotionJudge, MotionReward
 
 __all__ = [
     "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss",
-    "encode_moments", "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips",
+    "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips",
     "generate", "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan",
     "main",
 ]
@@ -97,16 +97,6 @@ def vae_loss(vae, x: torch.Tensor, kl: float, generator: torch.Generator) -> tor
     return reconstruction_loss(decode_unclamped(vae, z), x) + kl * posterior.kl().mean()
 
 
-@torch.no_grad()
-def encode_moments(vae, clips: torch.Tensor, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior mean and std, unnormalised, of ``clips`` ``(N, 3, F, H, W)`` in [0, 1]: two ``(N, 16, f, h, w)``."""
-    means, stds = [], []
-    for chunk in clips.split(batch):
-        dist = vae.encode(chunk * 2 - 1).latent_dist
-        means.append(dist.mean)
-        stds.append(dist.std)
-    return torch.cat(means), torch.cat(stds)
-
 
 def set_latent_statistics(vae, means: torch.Tensor, stds: torch.Tensor) -> None:
     """Wan's latent normalisation, per channel, of the posterior samples the flow trains on (posterior ``means``
@@ -136,7 +126,7 @@ def latent_pool(vae, seed: int, chunk: int = 256) -> tuple[torch.Tensor, torch.T
     directions = torch.arange(len(DIRECTIONS)).repeat(len(labels))
     means, stds = [], []
     for idx, dirs in zip(index.split(chunk), directions.split(chunk)):
-        mean, std = encode_moments(vae, render_clips(digits[idx], dirs, gen))
+        mean, std = encode_moments(vae, render_clips(digits[idx], dirs, gen), batch=64)
         means.append(mean)
         stds.append(std)
     return torch.cat(means), torch.cat(stds), labels[index], directions
