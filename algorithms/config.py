@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from vgrpo_lib.integrations.distributed import STRATEGIES
+from vgrpo_lib.algorithms.autotune import MICRO_BATCH_SIZE
 from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
 from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
@@ -89,6 +90,12 @@ class RolloutConfig(Section):
     num_steps: int = setting(10, rule=AT_LEAST_ONE, help="Solver steps of a training rollout.")
     solver: str = setting("euler", choices=ODE_SOLVERS,
                           help="Deterministic ODE solver of V-GRPO's and DiffusionNFT's rollouts.")
+    micro_batch_size: int | str | None = setting(
+        None, rule=MICRO_BATCH_SIZE,
+        help="Samples per rollout micro-batch: the rollout runs in micro-batches of this many samples in turn, each "
+             "drawing its own noise (the samples depend on the size). None: the whole batch at once. auto: "
+             "the largest that fits in memory (halved on out-of-memory, recorded in the metrics and checkpoints).",
+    )
     shift: float | None = setting(
         None, rule=TIME_SHIFT,
         help="SD3 time shift of the rollout grid. None: the task's own grid (testbed: uniform; a diffusers task: its "
@@ -115,8 +122,11 @@ class OptimConfig(Section):
              "batching: 2; the row count may vary, e.g. with flow_grpo.filter_zero_advantage). Exclusive with "
              "optim.minibatch_size.",
     )
-    micro_batch_size: int | None = setting(
-        None, rule=AT_LEAST_ONE, help="Rows per forward/backward inside a minibatch (gradient accumulation).",
+    micro_batch_size: int | str | None = setting(
+        None, rule=MICRO_BATCH_SIZE,
+        help="Rows per forward/backward inside a minibatch (gradient accumulation). None: the whole minibatch. auto: "
+             "the largest that fits in memory (halved on out-of-memory, recorded in the metrics and checkpoints; "
+             "one process only).",
     )
     max_nonfinite_steps: int = setting(
         5, rule=AT_LEAST_ONE, help="Abort after this many consecutive skipped (non-finite) gradient steps.",

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vgrpo_lib.algorithms.autotune import AUTO, KEYS
 from vgrpo_lib.algorithms.config import TrainConfig
+from vgrpo_lib.algorithms.errors import UsageError
 from vgrpo_lib.algorithms.policies import Policies, make_behaviour
 from vgrpo_lib.algorithms.tasks import repeat_each
 from vgrpo_lib.integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
@@ -22,10 +24,17 @@ __all__ = ["check_split", "build_policies", "local_prompts"]
 
 
 def check_split(config: TrainConfig, shard: Shard) -> None:
-    """ValueError unless the prompt groups (and ``optim.minibatch_size``) divide over the processes."""
+    """ValueError unless the prompt groups (and ``optim.minibatch_size``) divide over the processes; a
+    :class:`UsageError` for a micro-batch size searched (``auto``) with several processes."""
     shard_groups(config.prompts_per_iteration, shard.world_size, shard.rank)
     if config.optim.minibatch_size is not None:
         shard.check_divisible("optim.minibatch_size", config.optim.minibatch_size)
+    tuned = [KEYS[phase] for phase, value in (("rollout", config.rollout.micro_batch_size),
+                                              ("update", config.optim.micro_batch_size)) if value == AUTO]
+    if tuned and shard.world_size > 1:
+        raise UsageError(f"{' and '.join(tuned)}={AUTO} searches in one process; with {shard.world_size} processes "
+                         f"each would pick its own size and one that ran out of memory would leave the others waiting: "
+                         f"set the size (a one-process run records the one that fits).")
 
 
 def build_policies(task, policy: nn.Module, algorithm_class, config: TrainConfig) -> Policies:

@@ -23,11 +23,13 @@ import functools
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from vgrpo_lib.algorithms.autotune import MicroBatchSizes
 from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
 from vgrpo_lib.algorithms.errors import DamagedFileError, UsageError
 from vgrpo_lib.algorithms.costs import PhaseClock
@@ -39,6 +41,7 @@ from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.algorithms.precision import autocast
 from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
 from vgrpo_lib.algorithms.rng import rng_state, seed_everything, set_rng_state
+from vgrpo_lib.algorithms.rollout_batches import rollout_in_micro_batches
 from vgrpo_lib.algorithms.run_dir import RunDir, new_run_id
 from vgrpo_lib.algorithms.threads import limit_torch_threads
 from vgrpo_lib.algorithms.run_logging import RunLogger, check_wandb_credentials, resolve_backend
@@ -130,6 +133,8 @@ class Trainer:
                                                              offload=o.ema_offload)
         self.gradient_steps = GradientSteps(o, self.optimizer, self._accumulate_gradients, self.shard.world_size, self.ema)
         self.generator = torch.Generator().manual_seed(config.seed)
+        # rollout.micro_batch_size / optim.micro_batch_size, the sizes found under "auto" (saved with checkpoints)
+        self.micro_batches = MicroBatchSizes(config.rollout.micro_batch_size, o.micro_batch_size)
         self.iteration = 0
         # train_seconds: wall-clock of the iterations (evaluation excluded); train_cpu_s: the process's CPU time
         # over the same span, robust to other jobs sharing the machine.
@@ -187,6 +192,7 @@ class Trainer:
             # files a user may have cut short or deleted.
             "records": json.dumps({"metrics": self.metrics, "evaluations": self.evaluations}, default=float),
             **({} if self.ema is None else {"ema": self.ema.state_dict()}),
+            "micro_batch_sizes": self.micro_batches.state_dict(),
         }
 
     def _load_state(self, state: dict) -> None:
@@ -200,6 +206,7 @@ class Trainer:
         self.control.load_state_dict(state.get("step_control", {}))
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
+        self.micro_batches.load_state_dict(state.get("micro_batch_sizes", {}))  # none in older checkpoints
         if "records" in state:  # a garbled table is still refused by name; a cut or deleted one is rewritten
             self.run.read_rows("metrics.csv"), self.run.read_jsonl("eval.jsonl")
             records = json.loads(state["records"])
@@ -227,18 +234,45 @@ class Trainer:
 
     # -- one iteration -----------------------------------------------------------------------------------
 
+    def _rewinder(self, gradients: bool = False) -> Callable[[], None]:
+        """What undoes an attempt that ran out of memory (:mod:`vgrpo_lib.algorithms.autotune`): the generator's
+        stream back to now, and with ``gradients`` the gradients it accumulated (none before an attempt)."""
+        state = self.generator.get_state()
+
+        def rewind() -> None:
+            self.generator.set_state(state)
+            if gradients:
+                self.optimizer.zero_grad(set_to_none=True)
+
+        return rewind
+
     def _accumulate_gradients(self, minibatch) -> dict[str, torch.Tensor]:
-        """Backpropagate the loss of ``minibatch`` (see :func:`vgrpo_lib.algorithms.micro_batches.accumulate_gradients`)."""
-        return accumulate_gradients(self.algorithm.loss, self.algorithm.policy, minibatch,
-                                    self.config.optim.micro_batch_size, self.generator, self._autocast)
+        """Backpropagate the loss of ``minibatch`` in micro-batches of ``optim.micro_batch_size`` rows (see
+        :func:`vgrpo_lib.algorithms.micro_batches.accumulate_gradients`; ``auto``: the largest that fits)."""
+        def attempt(size: int) -> dict[str, torch.Tensor]:
+            return accumulate_gradients(self.algorithm.loss, self.algorithm.policy, minibatch, size, self.generator,
+                                        self._autocast)
+
+        return self.micro_batches.run("update", minibatch.shape[0], attempt, self._rewinder(gradients=True))
+
+    def _rollout(self, cond, group: torch.Tensor):
+        """The algorithm's rollout of this iteration in micro-batches of ``rollout.micro_batch_size`` samples
+        (:mod:`vgrpo_lib.algorithms.rollout_batches`; ``auto``: the largest that fits)."""
+        def rollout(cond_rows, group_rows):
+            with self._autocast():
+                return self.algorithm.rollout(cond_rows, group_rows, self.generator, self.iteration)
+
+        def attempt(size: int):
+            return rollout_in_micro_batches(rollout, cond, group, size)
+
+        return self.micro_batches.run("rollout", group.shape[0], attempt, self._rewinder())
 
     def step(self) -> dict:
         """Run one iteration and return its metrics row."""
         clock = PhaseClock(next(self.policy.parameters()).device)  # on a GPU also each phase's peak memory
         controlled = self.control.apply(self.iteration)  # scheduled lr / clip range / KL coefficients
         prompts, cond, group = local_prompts(self.task, self.config, self.shard, self.generator)
-        with self._autocast():
-            batch = self.algorithm.rollout(cond, group, self.generator, self.iteration)
+        batch = self._rollout(cond, group)
         clock.mark("rollout")
         check_finite_images(batch["sample"], f"the training samples of iteration {self.iteration}")
         score = self.reward_fn if self.reward_names is None else self.reward_fn.stack
@@ -269,6 +303,7 @@ class Trainer:
             **controlled,
             **clock.seconds(),
             **clock.peak_memory(),
+            **self.micro_batches.metrics(),
             "nfe_per_sample": sum(nfe.values()),
             **{f"nfe_{phase}": value for phase, value in nfe.items()},
             "nfe_cumulative": self.counters["nfe"],
