@@ -164,6 +164,18 @@ PIPELINES = {
         "flow_grpo_fast": ["optim.lr=3e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8",
                            "flow_grpo.clip_range=1e-5", "advantage.clip=5.0"],
     },
+    # The shipped MNIST-Wan video pipeline (vgrpo_lib.integrations.testbed.mnist_wan): 9-frame 32x32 clips of a
+    # prompted digit moving a prompted way, task mnist-wan/motion (vgrpo_lib.integrations.tasks.mnist_wan).
+    "mnist-wan": {
+        "common": [
+            "task=mnist-wan/motion", "model.dtype=float32", "model.lora_rank=8", "model.lora_alpha=16",
+            "model.batch_size=64", "rollout.num_steps=10", "eval.num_steps=20", "eval.every=10", "eval.per_prompt=2",
+            "prompts_per_iteration=8", "group_size=8", "iterations=100", "checkpoint_every=10",
+        ],
+        "vgrpo": ["optim.lr=3e-4", "advantage.soft_clip=3.0"],
+        "flow_grpo": ["optim.lr=3e-4", "advantage.clip=5.0"],
+        "diffusion_nft": ["optim.lr=3e-4", "diffusion_nft.advantage_max=5.0"],
+    },
 }
 # Settings of one task of a pipeline preset, applied after the preset's (and after ``--task``): ``"common"`` for
 # every algorithm, then the algorithm's own.

@@ -66,6 +66,7 @@ from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 from vgrpo_lib.integrations.rewards.remote import is_remote_spec, remote_reward
 from vgrpo_lib.integrations.tasks.imports import is_import_path, load_import_path
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
+from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR as MNIST_WAN_DIR
 from vgrpo_lib.samplers import sample_ode
 from vgrpo_lib.errors import UsageError
 
@@ -567,6 +568,9 @@ HUB_MODELS = {
     # The project's own StableDiffusion3Pipeline trained on MNIST, shipped in the repository (its tasks set the
     # image size per task: vgrpo_lib.integrations.tasks.mnist_sd3).
     "mnist-sd3": HubModel(str(PIPELINE_DIR), "sd3", 32),
+    # The project's own WanPipeline trained on moving MNIST digits (9 frames of 32x32; its task sets them:
+    # vgrpo_lib.integrations.tasks.mnist_wan).
+    "mnist-wan": HubModel(str(MNIST_WAN_DIR), "wan", (32, 32)),
 }
 
 def weights_location(name_or_path: str) -> str | None:

@@ -62,15 +62,15 @@ from vgrpo_lib.integrations.testbed.rewards import DigitProbability
 from vgrpo_lib.integrations.testbed.tasks import get_task
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "PromptedDigitProbability", "canvas_reading_view",
-           "digit_metrics", "digit_reward", "geneval_category", "geneval_digits_text", "geneval_metrics",
+__all__ = ["GENEVAL_OCR_WEIGHTS", "MNIST_SD3_TASKS", "MnistSD3Spec", "PromptedDigitProbability", "accuracy_summary",
+           "canvas_reading_view", "digit_metrics", "digit_reward", "geneval_category", "geneval_digits_text", "geneval_metrics",
            "geneval_ocr_reward", "geneval_prompts", "geneval_reading_reward", "geneval_reward", "mnist_sd3_task",
-           "number_judge", "number_slots", "ocr_metrics", "ocr_reward"]
+           "number_judge", "number_slots", "ocr_metrics", "ocr_reward", "testbed_classifiers"]
 
 GENEVAL_EVAL_PER_CATEGORY = 24
 
 
-def _classifiers():
+def testbed_classifiers():
     """The testbed's frozen reward classifier (CNN) and independent judge (MLP), shared instances."""
     testbed = get_task("digit")
     return testbed.classifier(), testbed.judge()
@@ -84,7 +84,7 @@ class PromptedDigitProbability:
     """
 
     def __init__(self):
-        self.probability = DigitProbability(_classifiers()[0])
+        self.probability = DigitProbability(testbed_classifiers()[0])
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         digits = torch.tensor([grammar.parse_digit(p) for p in prompts])
@@ -117,7 +117,9 @@ def _per_prompt(correct: torch.Tensor, labels: list) -> dict[str, float]:
     return {key: sum(hits) / len(hits) for key, hits in sorted(out.items())}
 
 
-def _summary(correct: torch.Tensor, judged: torch.Tensor, labels: list) -> dict:
+def accuracy_summary(correct: torch.Tensor, judged: torch.Tensor, labels: list) -> dict:
+    """The headline metrics of a labelled task: ``accuracy`` (the reward side), ``judge_accuracy``, their gap and
+    ``accuracy_per_prompt`` keyed by label, from ``(B,)`` booleans ``correct`` / ``judged``."""
     accuracy, judge_accuracy = correct.float().mean().item(), judged.float().mean().item()
     return {"accuracy": accuracy, "judge_accuracy": judge_accuracy, "judge_gap": accuracy - judge_accuracy,
             "accuracy_per_prompt": _per_prompt(correct, labels)}
@@ -126,19 +128,19 @@ def _summary(correct: torch.Tensor, judged: torch.Tensor, labels: list) -> dict:
 @torch.no_grad()
 def digit_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor) -> dict:
     """Reward classifier and MLP judge accuracy on decoded digit images ``(B, 3, 32, 32)``."""
-    classifier, judge = _classifiers()
+    classifier, judge = testbed_classifiers()
     view = render.classifier_view(images)
     digits = torch.tensor([grammar.parse_digit(p) for p in prompts])
     correct = classifier(view).argmax(-1) == digits
     judged = judge(view).argmax(-1) == digits
-    return _summary(correct, judged, digits.tolist())
+    return accuracy_summary(correct, judged, digits.tolist())
 
 
 @torch.no_grad()
 def number_judge(images: torch.Tensor, numbers: list[str]) -> torch.Tensor:
     """``(B,)`` bool: the MLP judge reads every digit slot of each number image ``(B, 3, 32, 96)`` right (each
     slot a 28x28 crop where ``render.render_numbers`` draws it)."""
-    _, judge = _classifiers()
+    _, judge = testbed_classifiers()
     grey = render.grey(images).clamp(0, 1)
     top = (render.NUMBER_SIZE[0] - render.MNIST_SIDE) // 2
     side = render.MNIST_SIDE
@@ -157,7 +159,7 @@ def ocr_metrics(images: torch.Tensor, prompts: list[str], rewards: torch.Tensor)
     """The ocr task's metrics: ``accuracy`` = share of images whose OCR reward ``rewards`` ``(B,)`` is 1 (the
     number read in full), ``judge_accuracy``: every digit slot read right by the MLP judge."""
     numbers = [grammar.parse_number(p) for p in prompts]
-    return _summary(rewards >= 1.0, number_judge(images, numbers), numbers)
+    return accuracy_summary(rewards >= 1.0, number_judge(images, numbers), numbers)
 
 
 @lru_cache(maxsize=1)

@@ -14,7 +14,8 @@ Four kinds of tasks:
 - the hub models ``sd3.5-medium``, ``flux.1-dev``, ``flux.2-dev``, ``flux.2-klein``, ``qwen-image`` and ``wan2.1-t2v``
   (:func:`vgrpo_lib.integrations.tasks.hub.hub_task`);
 - ``<pipeline>/<task>``: a task of a hub-path pipeline that brings its own prompts, reward and judge
-  (``mnist-sd3/digit``, ``mnist-sd3/ocr``: :mod:`vgrpo_lib.integrations.tasks.mnist_sd3`). The part after the
+  (``mnist-sd3/digit``, ``mnist-sd3/ocr``: :mod:`vgrpo_lib.integrations.tasks.mnist_sd3`; the video task
+  ``mnist-wan/motion``: :mod:`vgrpo_lib.integrations.tasks.mnist_wan`). The part after the
   slash is what ``--task`` names under ``--preset <pipeline>``, so ``--preset mnist-sd3 --task digit`` is
   ``mnist-sd3/digit`` and never the MLP testbed's ``digit``;
 - a user's own: registered with :func:`register_task`, or named by the import path ``"package.module:factory"`` of
@@ -36,6 +37,7 @@ from vgrpo_lib.extras import needs_extra, require_extra
 from vgrpo_lib.integrations.tasks.hub import hub_task
 from vgrpo_lib.integrations.tasks.imports import ImportPathError, is_import_path, load_import_path
 from vgrpo_lib.integrations.tasks.mnist_sd3 import mnist_sd3_task
+from vgrpo_lib.integrations.tasks.mnist_wan import mnist_wan_task
 from vgrpo_lib.integrations.tasks.protocol import check_task
 from vgrpo_lib.integrations.testbed.tasks import TASKS, get_task
 from vgrpo_lib.errors import UsageError
@@ -91,6 +93,10 @@ def _entries() -> dict[str, TaskEntry]:
     entries += [TaskEntry(f"mnist-sd3/{kind}", description,
                           _needs_diffusers(f"mnist-sd3/{kind}", lambda settings, kind=kind: mnist_sd3_task(kind, **settings)), "pipeline")
                 for kind, description in pipeline_tasks.items()]
+    entries.append(TaskEntry("mnist-wan/motion", "the shipped MNIST-Wan video pipeline: a prompted digit moving a "
+                             "prompted way, 9 frames of 32x32, classifier x motion reward",
+                             _needs_diffusers("mnist-wan/motion", lambda settings: mnist_wan_task("motion", **settings)),
+                             "pipeline"))
     hub_models = {
         "sd3.5-medium": "Stable Diffusion 3.5 Medium (weights needed locally), prompts and reward by the model section",
         "flux.1-dev": "FLUX.1-dev (weights needed locally), prompts and reward by the model section",

@@ -14,7 +14,8 @@ What differs from the image tasks:
   are flattened into the batch, each with its video's prompt) and gives each video the mean over its frames. A
   multi-reward (``"pickscore:1,ocr:0.5"``) keeps its columns (:class:`FrameMeanMultiReward`), each averaged over the
   frames. A reward that reads whole videos is any callable ``(videos (B, 3, F, H, W), prompts) -> (B,)`` passed to
-  :class:`WanTask` as ``reward`` with ``frame_mean=False``.
+  :class:`WanTask` as ``reward`` with ``frame_mean=False``, or one that says so itself with the attribute
+  ``reads_videos = True`` (as :class:`~vgrpo_lib.integrations.tasks.mnist_wan.VideoMotionReward`).
 - sample grids show each video as a strip of up to ``strip_frames`` frames side by side (:func:`frame_strips`).
 - the LoRA adapter sits on Wan's block projections (``WAN_LORA_TARGET_MODULES``), on both experts of a Wan 2.2
   pipeline; ``vgrpo export`` writes one diffusers LoRA file per expert (:meth:`WanTask.export_policy`).
@@ -106,7 +107,8 @@ class WanTask(DiffusersTask):
         prompts, eval_prompts, image_size and the keyword arguments: as :class:`DiffusersTask` (``image_size`` is
             the frame size, multiples of 16; ``max_sequence_length``: UMT5 tokens, None: 512).
         reward: as :class:`DiffusersTask`; an image reward, scored per frame (:class:`FrameMeanReward`).
-        frame_mean: wrap the reward in :func:`frame_mean_reward` (False: it reads videos ``(B, 3, F, H, W)`` itself).
+        frame_mean: wrap the reward in :func:`frame_mean_reward` (False: it reads videos ``(B, 3, F, H, W)`` itself;
+            a reward with ``reads_videos = True`` is never wrapped).
         strip_frames: frames per video in the sample grids (:func:`frame_strips`).
     """
 
@@ -117,10 +119,12 @@ class WanTask(DiffusersTask):
 
     def reward(self) -> Callable:
         """The video reward ``reward(videos, prompts) -> (B,)``: the task's reward spec scored per frame and averaged
-        (:func:`frame_mean_reward`; unchanged with ``frame_mean=False``), built once on the pipeline's device."""
+        (:func:`frame_mean_reward`; unchanged with ``frame_mean=False`` or for a reward with ``reads_videos``), built
+        once on the pipeline's device."""
         if self._reward is None:
             reward = make_reward(self.reward_spec)
-            reward = frame_mean_reward(reward) if self.frame_mean else reward
+            reads_videos = not self.frame_mean or getattr(reward, "reads_videos", False)
+            reward = reward if reads_videos else frame_mean_reward(reward)
             self._reward = reward.to(self.device) if isinstance(reward, nn.Module) else reward
         return self._reward
 

@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from vgrpo_lib.extras import needs_extra
@@ -28,10 +30,11 @@ from .prompts import VOCABULARY
 from .render import LATENT_CHANNELS, VAE_SPATIAL, VAE_TEMPORAL
 
 __all__ = [
-    "TEXT_LENGTH", "FLOW_SHIFT", "TEXT_ENCODER", "TRANSFORMER", "VAE", "tokenizer", "build_text_encoder",
+    "PIPELINE_DIR", "TEXT_LENGTH", "FLOW_SHIFT", "TEXT_ENCODER", "TRANSFORMER", "VAE", "tokenizer", "build_text_encoder",
     "build_vae", "build_transformer", "build_scheduler", "build_pipeline",
 ]
 
+PIPELINE_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "mnist_wan"  # the shipped pipeline
 TEXT_LENGTH = 8  # tokens per prompt, end token included: pass as max_sequence_length
 FLOW_SHIFT = 3.0  # Wan 2.1's 480p shift; the pretraining draws its times independently of it
 TEXT_ENCODER = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, relative_attention_num_buckets=8,

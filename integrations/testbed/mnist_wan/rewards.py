@@ -21,7 +21,7 @@ from .prompts import parse_motion
 from .render import DIRECTION_VECTORS, SPEED, check_clips, classifier_view, grey, measured_displacement
 
 __all__ = [
-    "motion_agreement", "block_matching_direction", "MotionReward", "MotionJudge", "motion_reward", "motion_judge",
+    "motion_agreement", "block_matching_direction", "read_clips", "MotionReward", "MotionJudge", "motion_reward", "motion_judge",
 ]
 
 
@@ -55,6 +55,15 @@ def block_matching_direction(clips: torch.Tensor) -> torch.Tensor:
         shifted = padded[..., SPEED - SPEED * dy:SPEED - SPEED * dy + h, SPEED - SPEED * dx:SPEED - SPEED * dx + w]
         errors.append((after - shifted).abs().mean(dim=(1, 2, 3)))
     return torch.stack(errors, dim=-1).argmin(-1)
+
+
+@torch.no_grad()
+def read_clips(classifier, clips: torch.Tensor) -> torch.Tensor:
+    """The clip-level digit ``(B,)`` a classifier reads from clips ``(B, C, F, H, W)``: the argmax of its class
+    probabilities averaged over the frames' ``classifier_view``."""
+    views = classifier_view(clips)
+    probs = classifier(views.flatten(0, 1)).softmax(-1).view(*views.shape[:2], -1)
+    return probs.mean(1).argmax(-1)
 
 
 class MotionReward:

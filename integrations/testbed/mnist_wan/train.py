@@ -46,18 +46,18 @@ from .build import FLOW_SHIFT, TEXT_LENGTH, build_pipeline, build_scheduler
 from .card import describe, model_card
 from .prompts import motion_prompts
 from .render import DIRECTIONS, classifier_view, measured_direction, render_clips
-from .rewards import MotionJudge, MotionReward
+from .rewards import MotionJudge, MotionReward, read_clips
 
 __all__ = [
     "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss",
-    "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss", "read_clips",
+    "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss",
     "generate", "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan",
     "main",
 ]
 
 NUM_THREADS = 1  # the thread count the shipped weights are reproducible at (float sums change order with it)
 VAE_RECIPE = dict(steps=2000, batch_size=16, lr=2e-3, warmup=50, kl=1e-6, seed=100)
-FLOW_RECIPE = dict(steps=40000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
+FLOW_RECIPE = dict(steps=14000, batch_size=32, lr=1e-3, warmup=100, p_uncond=0.1, seed=200, pool_seed=201)
 PROGRESS = {"vae": dict(checkpoint=50, probe=500, log=25), "flow": dict(checkpoint=250, probe=2000, log=100)}
 EVAL = dict(seed=1234, num_steps=20, guidance_scales=(1.0, 4.0), per_prompt=2, probe_per_prompt=1,
             probe_settings=((FLOW_SHIFT, 1.0), (1.0, 1.0), (FLOW_SHIFT, 4.0)))
@@ -164,15 +164,6 @@ def flow_loss(pipe, z: torch.Tensor, prompts: list[str], p_uncond: float, genera
     v = pipe.transformer(hidden_states=(1 - tb) * z + tb * eps, timestep=1000 * t,
                          encoder_hidden_states=encode_text(pipe, prompts), return_dict=False)[0]
     return torch.nn.functional.mse_loss(v, eps - z)
-
-
-@torch.no_grad()
-def read_clips(classifier, clips: torch.Tensor) -> torch.Tensor:
-    """The clip-level digit ``(B,)`` a classifier reads from clips ``(B, C, F, H, W)``: the argmax of its class
-    probabilities averaged over the frames' ``classifier_view``."""
-    views = classifier_view(clips)
-    probs = classifier(views.flatten(0, 1)).softmax(-1).view(*views.shape[:2], -1)
-    return probs.mean(1).argmax(-1)
 
 
 @torch.no_grad()
@@ -384,7 +375,8 @@ def save_pipeline(pipe, card: dict, folder: Path) -> None:
     tmp.rename(folder)
 
 
-def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict | None = None) -> dict:
+def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict | None = None,
+           flow_recipe: dict = FLOW_RECIPE) -> dict:
     """Measure ``pipe`` (with the flow weights of snapshot ``step`` if given) and write ``work/pipeline``;
     ``seconds["total_s"]`` is this process's training time (a resumed run counts only its own)."""
     if step is not None:
@@ -394,7 +386,7 @@ def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict |
     log("measuring the samples ...")
     started = time.perf_counter()
     metrics = measure(pipe)
-    flow_recipe = {**FLOW_RECIPE, "steps": step or FLOW_RECIPE["steps"]}
+    flow_recipe = {**flow_recipe, "steps": step or flow_recipe["steps"]}
     card = describe(pipe, metrics, VAE_RECIPE, flow_recipe, EVAL,
                     {**(seconds or {}), "measure_s": round(time.perf_counter() - started)})
     save_pipeline(pipe, card, Path(work) / "pipeline")
@@ -422,9 +414,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Pretrain (or resume) MNIST-Wan; write WORK/pipeline.")
     parser.add_argument("--work", type=Path, default=Path("runs/mnist_wan"),
                         help="folder of the resumable state, snapshots, probes and the final pipeline")
+    parser.add_argument("--flow-steps", type=int, default=FLOW_RECIPE["steps"],
+                        help="flow steps to train (default: the shipped pipeline's); the learning rate is constant after "
+                             "warmup, so K steps equal the first K of a longer run")
     parser.add_argument("--finish-step", type=int, default=None,
                         help="after training, ship the flow snapshot of this step instead of the last one")
     args = parser.parse_args(argv)
+    if args.flow_steps < 1:
+        raise SystemExit(f"--flow-steps must be at least 1, got {args.flow_steps}")
     torch.set_num_threads(NUM_THREADS)
 
     def log(line: str) -> None:
@@ -432,8 +429,9 @@ def main(argv: list[str] | None = None) -> None:
 
     log(f"MNIST-Wan pretraining, code at commit {_commit()}, pid {os.getpid()}, work {args.work}")
     start = time.perf_counter()
-    pipe = train(args.work, log)
-    finish(pipe, args.work, log, args.finish_step, {"total_s": round(time.perf_counter() - start)})
+    flow_recipe = {**FLOW_RECIPE, "steps": args.flow_steps}
+    pipe = train(args.work, log, flow_recipe=flow_recipe)
+    finish(pipe, args.work, log, args.finish_step, {"total_s": round(time.perf_counter() - start)}, flow_recipe)
 
 
 if __name__ == "__main__":

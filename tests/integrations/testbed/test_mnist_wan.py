@@ -251,3 +251,29 @@ def test_judge_reads_digits_with_another_family_and_motion_with_another_estimato
     assert not motion_judge()(clips, _prompts(labels, directions, direction_offset=2))["direction"].any()
     with pytest.raises(ValueError, match="prompts"):
         motion_judge()(clips, _prompts(labels, directions)[:3])
+
+
+# ---------------------------------------------------------------- the shipped pipeline
+def test_the_shipped_pipeline_is_what_the_rebuild_command_makes_and_leaves_headroom():
+    """The shipped folder (``checkpoints/mnist_wan``) is the rebuild command's output: its card's recipes are the
+    module's ``VAE_RECIPE`` / ``FLOW_RECIPE`` (the constant learning rate makes its flow step count the first steps
+    of any longer run), at most 6 MB, loadable in float32 as the real classes; its CFG-free judge accuracy leaves
+    the motion task headroom (15-75%) and CFG 4 is clearly better (what RL can reach without guidance)."""
+    import json
+
+    from diffusers import WanPipeline
+
+    from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR
+    from vgrpo_lib.integrations.testbed.mnist_wan.card import REBUILD_COMMAND
+    from vgrpo_lib.integrations.testbed.mnist_wan.train import FLOW_RECIPE, VAE_RECIPE
+
+    card = json.loads((PIPELINE_DIR / "card.json").read_text())
+    assert card["vae_recipe"] == VAE_RECIPE and card["flow_recipe"] == FLOW_RECIPE
+    assert REBUILD_COMMAND in (PIPELINE_DIR / "README.md").read_text()
+    assert sum(f.stat().st_size for f in PIPELINE_DIR.rglob("*") if f.is_file()) <= 6e6
+    free, guided = card["metrics"]["cfg1"], card["metrics"]["cfg4"]
+    assert 0.15 <= free["judge_both_accuracy"] <= 0.75
+    assert guided["judge_both_accuracy"] >= free["judge_both_accuracy"] + 0.1
+    pipe = WanPipeline.from_pretrained(str(PIPELINE_DIR), dtype=torch.float32)
+    assert type(pipe.transformer).__name__ == "WanTransformer3DModel" and type(pipe.vae).__name__ == "AutoencoderKLWan"
+    assert all(p.dtype == torch.float32 for p in pipe.transformer.parameters())

@@ -1,0 +1,160 @@
+"""``--preset mnist-wan``: the shipped MNIST-Wan video pipeline trained through the hub path (the code of
+``wan2.1-t2v``), its task ``motion`` (prompts, a reward reading whole clips, metrics and the judge), ``vgrpo sample``
+and ``vgrpo export`` on it.
+
+The shipped folder is small (3 MB, 9 frames of 32x32), so these tests run on it directly; the adapter's own tests
+(``tests/test_wan_adapter.py``) cover Wan on tiny random pipelines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
+from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
+from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
+from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
+from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
+from vgrpo_lib.integrations.tasks.hub import HUB_MODELS  # noqa: E402
+from vgrpo_lib.integrations.tasks.mnist_wan import (  # noqa: E402
+    VideoMotionReward, mnist_wan_task, motion_label, motion_metrics,
+)
+from vgrpo_lib.integrations.tasks.wan import FrameMeanReward, WanTask  # noqa: E402
+from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_wan.prompts import motion_prompts  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_wan.render import DIRECTIONS, render_clips  # noqa: E402
+from tests.algorithms.conftest import evaluation_table  # noqa: E402
+
+# A short run: 4 prompts x 4 clips, 4 rollout steps, 2 pairs; a small evaluation (120 held-out prompts, 1 clip each).
+SHORT = ["iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "vgrpo.num_pairs=2",
+         "eval.per_prompt=1", "eval.num_steps=4", "eval.every=0", "checkpoint_every=1"]
+
+
+@pytest.fixture(scope="module")
+def task():
+    config = build_config("vgrpo", None, "mnist-wan", [])
+    return load_task(config.task, config.model)
+
+
+@pytest.fixture(scope="module")
+def labelled_clips():
+    """120 real MNIST ``eval`` digits rendered moving (directions cycling), with their digits and directions."""
+    images, labels = load_mnist("eval")
+    directions = torch.arange(120) % len(DIRECTIONS)
+    return render_clips(images[:120], directions, torch.Generator().manual_seed(3)), labels[:120], directions
+
+
+def _prompts(labels, directions, direction_offset=0):
+    return [f"a {int(d)} moving {DIRECTIONS[(int(k) + direction_offset) % 4]}" for d, k in zip(labels, directions)]
+
+
+def test_the_preset_names_the_motion_task_on_the_shipped_pipeline():
+    assert build_config("vgrpo", None, "mnist-wan", []).task == "mnist-wan/motion"
+    assert build_config("diffusion_nft", "motion", "mnist-wan", []).task == "mnist-wan/motion"
+    with pytest.raises(ValueError, match="Unknown task 'motion' under preset 'testbed'"):
+        build_config("vgrpo", "motion", "testbed", [])
+    assert HUB_MODELS["mnist-wan"].hub_id == str(PIPELINE_DIR) and HUB_MODELS["mnist-wan"].family == "wan"
+    assert (PIPELINE_DIR / "model_index.json").is_file()
+
+
+def test_the_task_samples_clips_and_scores_them_whole(task):
+    """A WanTask of 9-frame 32x32 clips on the train / held-out prompt splits; its reward reads whole clips
+    (``reads_videos``: not averaged per frame) and is the motion reward itself."""
+    assert isinstance(task, WanTask) and task.base.frames == 9 and (task.height, task.width) == (32, 32)
+    assert task.prompts == [p for p, _, _ in motion_prompts("train")]
+    assert task.eval_prompt_list == [p for p, _, _ in motion_prompts("eval")]
+    reward = task.reward()
+    assert isinstance(reward, VideoMotionReward) and not isinstance(reward, FrameMeanReward)
+    prompts = ["a 3 moving left", "a seven that moves up"]
+    clips = task.sample(task.load_policy(), prompts, num_steps=2, generator=torch.Generator().manual_seed(0))
+    assert clips.shape == (2, 3, 9, 32, 32) and 0 <= clips.min() and clips.max() <= 1
+    scores = reward(clips, prompts)
+    assert scores.shape == (2,) and torch.all((0 <= scores) & (scores <= 1))
+
+
+def test_metrics_count_a_clip_right_only_with_the_prompted_digit_and_direction(labelled_clips):
+    clips, labels, directions = labelled_clips
+    right = motion_metrics(clips, _prompts(labels, directions), torch.zeros(120))
+    assert right["direction_accuracy"] == 1.0 and right["judge_direction_accuracy"] == 1.0
+    assert right["accuracy"] > 0.9 and right["judge_accuracy"] > 0.9  # the digit readers on real MNIST digits
+    assert right["judge_gap"] == pytest.approx(right["accuracy"] - right["judge_accuracy"])
+    assert set(right["accuracy_per_prompt"]) == {f"{int(d)} {DIRECTIONS[int(k)]}" for d, k in zip(labels, directions)}
+    wrong_way = motion_metrics(clips, _prompts(labels, directions, direction_offset=1), torch.zeros(120))
+    assert wrong_way["accuracy"] == 0.0 and wrong_way["judge_accuracy"] == 0.0
+    assert wrong_way["digit_accuracy"] == right["digit_accuracy"]  # the digit part does not read the direction
+    assert motion_label("the digit three moving up") == "3 up"
+
+
+def test_a_reward_that_reads_videos_is_not_averaged_over_frames():
+    """``WanTask.reward`` wraps an image reward per frame, but leaves one marked ``reads_videos`` as it is."""
+
+    class Whole:
+        reads_videos = True
+
+        def __call__(self, videos, prompts):
+            return videos[:, 0, -1].mean((-1, -2)) - videos[:, 0, 0].mean((-1, -2))  # last frame minus first
+
+    whole = Whole()
+    assert mnist_wan_task(reward=whole).reward() is whole
+    per_image = mnist_wan_task(reward=lambda images, prompts: images.mean((1, 2, 3)))
+    assert isinstance(per_image.reward(), FrameMeanReward)
+
+
+def test_vgrpo_on_mnist_wan_checkpoints_lora_only_resumes_exactly_and_samples(tmp_path, capsys):
+    config = build_config("vgrpo", None, "mnist-wan", SHORT)
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    evaluations = straight.train()
+    assert {"accuracy", "judge_accuracy", "digit_accuracy", "direction_accuracy"} <= set(evaluations[-1])
+    state = RunDir(tmp_path / "straight").load_latest_checkpoint()
+    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
+    assert (tmp_path / "straight" / "samples_iter_000002.png").is_file()  # labelled frame strips
+
+    Trainer(config, tmp_path / "cut", progress=False).train(until=1)
+    resumed = Trainer.resume(tmp_path / "cut", progress=False)
+    resumed.train()
+    final = resumed.policy.state_dict()
+    for key, value in straight.policy.state_dict().items():
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
+
+    capsys.readouterr()
+    assert cli_main(["eval", "--run", str(tmp_path / "straight")]) == 0
+    table = evaluation_table(capsys.readouterr().out)
+    assert {"reward_mean", "accuracy", "judge_accuracy"} <= set(table)
+    for metric, (base, trained) in table.items():
+        assert base == pytest.approx(evaluations[0][metric], abs=6e-4, nan_ok=True), metric
+        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4, nan_ok=True), metric
+
+    out = tmp_path / "clips.npz"
+    argv = ["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "1", "--seed", "0", "--steps", "2"]
+    assert cli_main([*argv, "--out", str(out)]) == 0
+    data = np.load(out)
+    assert data["images"].shape == (120, 3, 9, 32, 32)
+    assert data["labels"].tolist() == [motion_label(p) for p in data["prompts"]]
+
+
+def test_export_writes_a_lora_that_wan_pipeline_loads(tmp_path):
+    """``vgrpo export`` of a one-iteration run at a large learning rate: ``WanPipeline.from_pretrained(shipped)``
+    with ``load_lora_weights(out)`` makes other clips than the base pipeline from the same noise."""
+    from diffusers import WanPipeline
+
+    tiny = ["iterations=1", "prompts_per_iteration=2", "group_size=2", "rollout.num_steps=2", "vgrpo.num_pairs=1",
+            "eval.per_prompt=1", "eval.num_steps=1", "eval.every=0", "optim.lr=3e-2"]
+    Trainer(build_config("vgrpo", None, "mnist-wan", tiny), tmp_path / "run", progress=False).train()
+    out = tmp_path / "lora"
+    assert cli_main(["export", "--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+
+    def clip(pipe):
+        return pipe("a 3 moving left", height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=1.0,
+                    max_sequence_length=8, output_type="pt", generator=torch.Generator().manual_seed(0)).frames
+
+    pipe = WanPipeline.from_pretrained(str(PIPELINE_DIR), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    base = clip(pipe)
+    pipe.load_lora_weights(str(out))
+    assert pipe.get_list_adapters()["transformer"]
+    assert not torch.allclose(clip(pipe), base, atol=1e-3)
