@@ -60,15 +60,15 @@ class Algorithm:
         one_minibatch = optim.minibatches in (None, 1) and (optim.minibatch_size is None or optim.minibatch_size >= batch)
         return optim.epochs == 1 and one_minibatch
 
-    def rollout_model(self) -> nn.Module:
-        """The policy that generates the rollout (the behaviour policy)."""
+    def rollout_model(self, iteration: int) -> nn.Module:
+        """The policy that generates the rollout of ``iteration`` (the behaviour policy)."""
         return self.policy
 
     @torch.no_grad()
     def rollout(self, cond, group: torch.Tensor, generator: torch.Generator, iteration: int) -> TensorDict:
         """Deterministic ODE rollout from Gaussian noise: ``"sample"`` ``[N, *D]`` in model space."""
         noise = self.shard.randn((group.shape[0], *self.sample_shape), generator)
-        sample = sample_ode(self.rollout_model(), noise, self.grid, cond, method=self.config.rollout.solver)
+        sample = sample_ode(self.rollout_model(iteration), noise, self.grid, cond, method=self.config.rollout.solver)
         return TensorDict({"sample": sample, "cond": cond, "group": group}, batch_size=[group.shape[0]])
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
@@ -80,9 +80,11 @@ class Algorithm:
         return self.loss_module(minibatch)
 
     def loss_on_fresh_pairs(self, estimator, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
-        """The loss on timestep-noise pairs drawn for this gradient step (DiffusionNFT, AWM): drawn for the global
-        minibatch on every process, block kept."""
-        pairs = estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), generator=generator)
+        """The loss on timestep-noise pairs drawn for this gradient step (DiffusionNFT, AWM, DGPO): drawn for the
+        global minibatch on every process (with its group ids when the estimator shares pairs within groups), block
+        kept."""
+        group = self.shard.all_gather(minibatch["group"]) if estimator.sharing == "group" else None
+        pairs = estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), group, generator=generator)
         minibatch["pairs"] = self.shard.local(pairs)
         return self.loss_module(minibatch)
 

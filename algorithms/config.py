@@ -46,7 +46,7 @@ from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
 from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
-from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
+from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DGPOLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
 from vgrpo_lib.objectives import NFT_ADVANTAGE_MODES
 from vgrpo_lib.rules import AT_LEAST_ONE, CLIP_RANGE, FRACTION, NON_NEGATIVE, POSITIVE, SEED, TIME_SHIFT, UNIT_INTERVAL, Rule
 from vgrpo_lib.samplers import ODE_SOLVERS
@@ -57,7 +57,7 @@ from vgrpo_lib.errors import UsageError
 
 
 __all__ = [
-    "ALGORITHMS", "AWMConfig", "AdvantageConfig", "AlgorithmSection", "ClipRange", "DiffusionNFTConfig",
+    "ALGORITHMS", "AWMConfig", "AdvantageConfig", "AlgorithmSection", "ClipRange", "DGPOConfig", "DiffusionNFTConfig",
     "DistributedConfig", "EvalConfig", "FPOConfig", "FlowGRPOConfig", "FlowGRPOFastConfig", "LogConfig", "ModelConfig",
     "OPTIONS", "OptimConfig", "PRECISIONS", "RENAMED", "RolloutConfig", "ScheduleConfig", "Section", "TrainConfig",
     "VGRPOConfig", "apply_overrides", "check_trained_fraction", "key_users", "parse_image_size", "schedule_targets",
@@ -496,6 +496,86 @@ class AWMConfig(AlgorithmSection):
             )
 
 
+@dataclass
+class DGPOConfig(AlgorithmSection):
+    """DGPO: group-level preference optimisation on ODE samples (official Luo-Yihong/DGPO, config/dgpo.py over
+    config/base.py, and scripts/train_sd3_dgpo.py)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ("dgpo",)
+    loss: ClassVar[type] = DGPOLoss
+
+    num_pairs: int = setting(
+        4, rule=AT_LEAST_ONE,
+        help="Pairs per sample, shared by the members of a group (official num_train_timesteps: 4, with one noise per "
+             "group: use_shared_noise).",
+    )
+    last_trained_step: int = setting(
+        4, rule=NON_NEGATIVE,
+        help="The pairs' timesteps are num_pairs distinct points of the rollout grid's steps 0 .. last_trained_step "
+             "(official trunc_steps: 4 GenEval, 6 OCR / PickScore; step 0 is pure noise).",
+    )
+    beta: float = setting(
+        100.0, rule=POSITIVE,
+        help="Preference temperature of the group weight sigmoid(beta * group mean of A (l - l_ref)) (official beta_dpo: "
+             "100 GenEval / OCR, 10 PickScore; 2000-5000 with preference_reference=copy).",
+    )
+    preference_reference: str = setting(
+        "base", choices=("base", "copy"),
+        help="Whose denoising loss l_ref the preference compares with: base (the frozen base policy: official) | copy "
+             "(the soft-updated copy: official use_ema_ref).",
+    )
+    weighting: str = setting("v", choices=WEIGHTINGS,
+                             help="Weighting of the denoising loss l (official: the velocity MSE, v).")
+    clip_range: ClipRange | None = setting(
+        0.01, rule=CLIP_RANGE,
+        help="eps or LOW,HIGH: a pair's loss stops its gradient when exp(l_copy - l) leaves [1 - eps, 1 + eps] on the "
+             "advantage's side (official clip_range: 1e-2 GenEval / OCR, clip_dsm). None: no clip.",
+    )
+    ref_kl_coef: float | None = setting(
+        None, rule=NON_NEGATIVE,
+        help="Velocity MSE to the base policy (official beta: 0.02 GenEval / OCR, 0.001 PickScore). None: no term.",
+    )
+    reference_cfg_scale: float = setting(
+        1.0, rule=POSITIVE,
+        help="CFG scale of the base policy's prediction in the preference and the KL (official kl_cfg: 1, no CFG; 4.5 "
+             "in the CFG-free mode). 1: no CFG.",
+    )
+    rollout_cfg_scale: float = setting(
+        1.0, rule=POSITIVE,
+        help="CFG scale of the rollouts; training is CFG-free (official sample.guidance_scale: 4.5). 1: no CFG.",
+    )
+    decay_rate: float = setting(
+        0.001, rule=NON_NEGATIVE,
+        help="The copy's decay d = min(decay_rate * gradient steps so far, decay_max) (official ema_ref: 0.001).",
+    )
+    decay_max: float = setting(0.3, rule=UNIT_INTERVAL, help="Largest decay d of the copy (official: 0.3).")
+    copy_rollout_after: int | None = setting(
+        None, rule=NON_NEGATIVE,
+        help="Rollouts of the iterations after this one come from the soft-updated copy (official switch_ema_ref, in "
+             "gradient steps, one per iteration: 500 GenEval, 200 OCR / PickScore). None: always the policy.",
+    )
+
+    def check(self, config: TrainConfig) -> None:
+        steps, pairs = config.rollout.num_steps, self.num_pairs
+        if self.last_trained_step >= steps:
+            raise UsageError(f"dgpo.last_trained_step must be < rollout.num_steps={steps} (a step of the rollout grid), "
+                             f"got {self.last_trained_step}.")
+        if pairs > self.last_trained_step + 1:
+            raise UsageError(f"dgpo.num_pairs={pairs} distinct timesteps need dgpo.last_trained_step >= {pairs - 1}, got "
+                             f"{self.last_trained_step}.")
+        optim = config.optim
+        if optim.minibatches not in (None, 1) or optim.minibatch_size is not None:
+            raise UsageError("dgpo weighs each group by a sum over its members, so a gradient step takes whole groups: "
+                             "optim.minibatches and optim.minibatch_size must be unset (one step per epoch on the "
+                             "whole rollout, as the official code).")
+        micro = optim.micro_batch_size
+        if micro is not None and (not isinstance(micro, int) or micro % config.group_size):
+            raise UsageError(f"dgpo needs whole groups in every micro-batch: optim.micro_batch_size must be a multiple "
+                             f"of group_size={config.group_size}, got {micro!r}.")
+        if optim.max_kl is not None and self.clip_range is None:
+            raise UsageError("optim.max_kl stops on the clip's ratio: set dgpo.clip_range too.")
+
+
 def parse_image_size(text: str) -> int | tuple[int, int] | None:
     """``"512"`` -> 512, ``"720x1280"`` -> (720, 1280); None unless every side is a positive multiple of 16."""
     parts = text.lower().split("x")
@@ -643,6 +723,7 @@ class TrainConfig:
     diffusion_nft: DiffusionNFTConfig = field(default_factory=DiffusionNFTConfig)
     fpo: FPOConfig = field(default_factory=FPOConfig)
     awm: AWMConfig = field(default_factory=AWMConfig)
+    dgpo: DGPOConfig = field(default_factory=DGPOConfig)
     flow_grpo_fast: FlowGRPOFastConfig = field(default_factory=FlowGRPOFastConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

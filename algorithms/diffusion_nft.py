@@ -56,7 +56,7 @@ class DiffusionNFT(Algorithm):
     def needs_behaviour(config) -> bool:
         return True
 
-    def rollout_model(self):
+    def rollout_model(self, iteration):
         return self.behaviour
 
     def loss(self, minibatch, generator):

@@ -7,7 +7,8 @@ A preset is a list of ``key=value`` overrides applied before the user's own (see
 - ``official``: the testbed default plus every algorithm setting of the official code (``OFFICIAL``: loss, KL,
   advantages, trained timesteps, EMA, weight decay, batching into gradient steps), at the testbed's batch;
 - ``official-sd3.5-medium``: ``OFFICIAL`` at the official SD3.5-M scale (``OFFICIAL_SD3``: 48 prompts x 24
-  samples, 10-step training rollout, 40-step evaluation, lr 3e-4) on the hub task;
+  samples, 10-step training rollout, 40-step evaluation, lr 3e-4; DGPO at its own 8 x 16, ``OFFICIAL_SD3_DGPO``) on
+  the hub task;
 - ``official-mnist-sd3``: ``OFFICIAL`` on the shipped MNIST-SD3 pipeline at its preset's scale (``PIPELINES``).
 - ``wan2.1-t2v``, ``flux.2-dev``, ``flux.2-klein``, ``qwen-image`` (``HUB_PRESETS``): a hub model at the settings of its official RL recipes, for every algorithm (the
   recipe's own where one exists, its scale for the others); needs the weights (``model.path``) and prompts.
@@ -26,7 +27,7 @@ from vgrpo_lib.integrations.tasks.registry import resolve_task_name
 from vgrpo_lib.errors import UsageError
 
 __all__ = [
-    "HUB_PRESETS", "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
+    "HUB_PRESETS", "OFFICIAL", "OFFICIAL_ON_PIPELINE", "OFFICIAL_SD3", "OFFICIAL_SD3_DGPO", "PAPER", "PIPELINES", "PIPELINE_TASKS", "PRESETS", "TESTBED",
     "build_config", "preset_overrides", "task_namespace", "task_overrides",
 ]
 
@@ -57,6 +58,8 @@ TESTBED = {
         "optim.lr=1e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8", "flow_grpo.clip_range=1e-5",
         "advantage.clip=5.0", "iterations=100",
     ],
+    # DGPO: one step per rollout on 4 group-shared pairs among grid steps 0..4, beta 100, clip 0.01 to the copy.
+    "dgpo": ["optim.lr=1e-4", "iterations=100"],
 }
 
 OFFICIAL = {
@@ -110,6 +113,21 @@ OFFICIAL |= {
         "awm.decay_rate=0.001", "awm.decay_max=0.3", "optim.ema_decay=0.99", "optim.ema_every=1",
         "optim.weight_decay=1e-4", "optim.minibatch_size=none", "optim.minibatches=1", "optim.epochs=1",
     ],
+    # Luo-Yihong/DGPO, config/dgpo.py (geneval_sd3_4gpu over compressibility) over config/base.py, and
+    # scripts/train_sd3_dgpo.py (main, compute_group_dgpo_loss_allreduce): per-prompt std advantages (global_std False,
+    # eps 1e-4 in PerPromptStatTracker) clamped to adv_clip_max 5, 4 timesteps among grid steps 0..trunc_steps=4 with
+    # a noise per group, beta_dpo 100 against the frozen base without CFG (kl_cfg 1, use_ema_ref False), the velocity
+    # MSE, clip_range 1e-2 against the soft-updated copy (ema_ref, decay min(0.001 step, 0.3)), KL beta 0.02, rollouts
+    # from the copy after switch_ema_ref 500, a DPM-Solver rollout with CFG 4.5, EMA 0.9 every 8 steps, weight decay
+    # 1e-4, one gradient step per rollout (gradient accumulation over every minibatch and timestep).
+    "dgpo": [
+        "advantage.scale=group", "advantage.eps=1e-4", "advantage.clip=5", "dgpo.num_pairs=4", "dgpo.last_trained_step=4",
+        "dgpo.beta=100", "dgpo.preference_reference=base", "dgpo.reference_cfg_scale=1.0", "dgpo.weighting=v",
+        "dgpo.clip_range=0.01", "dgpo.decay_rate=0.001", "dgpo.decay_max=0.3", "dgpo.ref_kl_coef=0.02",
+        "dgpo.copy_rollout_after=500", "dgpo.rollout_cfg_scale=4.5", "rollout.solver=dpmpp_2m", "optim.ema_decay=0.9",
+        "optim.ema_every=8", "optim.weight_decay=1e-4", "optim.minibatch_size=none", "optim.minibatches=1",
+        "optim.epochs=1",
+    ],
     # GRPO-Guard as Flow-Factory runs it: Flow-GRPO's official settings with the normalised ratio.
     "grpo_guard": list(OFFICIAL["flow_grpo"]),
     # yifan123/flow_grpo, config/grpo.py (geneval_sd3_fast_nocfg, pickscore_sd3_fast_nocfg): CPS with noise 0.8 on a
@@ -127,6 +145,10 @@ OFFICIAL_SD3 = [
     "task=sd3.5-medium", "group_size=24", "prompts_per_iteration=48", "rollout.num_steps=10", "eval.num_steps=40",
     "optim.lr=3e-4", "model.image_size=512",
 ]
+# DGPO's own SD3.5-M scale (Luo-Yihong/DGPO, config/dgpo.py geneval_sd3_4gpu: 8 groups of 16 per iteration, LoRA r 64 /
+# alpha 128 in scripts/train_sd3_dgpo.py; the 10-step rollout, lr 3e-4 and 512 px as above).
+OFFICIAL_SD3_DGPO = [*OFFICIAL_SD3, "group_size=16", "prompts_per_iteration=8", "model.lora_rank=64",
+                     "model.lora_alpha=128"]
 
 PAPER = {
     # SD3.5-M preference stage: LoRA r=32 (integrations), lr 3e-4, G=24, 48 prompts, K=4, one step, eta=3,
@@ -160,6 +182,7 @@ PIPELINES = {
         # The peers at their testbed settings (see TESTBED) at the pipeline's learning rate.
         "fpo": ["optim.lr=3e-4"],
         "awm": ["optim.lr=3e-4"],
+        "dgpo": ["optim.lr=3e-4"],
         "grpo_guard": ["optim.lr=3e-4", "advantage.clip=5.0"],
         "flow_grpo_fast": ["optim.lr=3e-4", "flow_grpo.sde_type=cps", "flow_grpo.noise_level=0.8",
                            "flow_grpo.clip_range=1e-5", "advantage.clip=5.0"],
@@ -302,8 +325,10 @@ def preset_overrides(preset: str, algo: str) -> list[str]:
     if preset == "official":
         return [*TESTBED[algo], *OFFICIAL[algo]]
     if preset == "official-sd3.5-medium":
-        # V-GRPO's own SD3.5-M scale is the paper's (a 40-step DPM-Solver++ rollout), not the baselines' 10 steps.
-        return [*OFFICIAL[algo], *(PAPER["sd3.5-medium"] if algo == "vgrpo" else OFFICIAL_SD3)]
+        # V-GRPO's own SD3.5-M scale is the paper's (a 40-step DPM-Solver++ rollout), not the baselines' 10 steps;
+        # DGPO's official batch is 8 x 16.
+        scale = {"vgrpo": PAPER["sd3.5-medium"], "dgpo": OFFICIAL_SD3_DGPO}.get(algo, OFFICIAL_SD3)
+        return [*OFFICIAL[algo], *scale]
     if preset in OFFICIAL_ON_PIPELINE:
         return [*_common_then_own(PIPELINES[OFFICIAL_ON_PIPELINE[preset]], algo), *OFFICIAL[algo]]
     if preset in PAPER:

@@ -11,7 +11,7 @@ Pure torch + tensordict + torchrl (no diffusers import). The pieces, each usable
 - :mod:`~vgrpo_lib.objectives`, :mod:`~vgrpo_lib.sde`: clipped ratio objective, KL estimators, soft clip,
   SDE step densities, DiffusionNFT pieces.
 - :mod:`~vgrpo_lib.losses`: TorchRL :class:`VGRPOLoss`, :class:`FlowGRPOLoss`, :class:`DiffusionNFTLoss`, and the
-  peers' :class:`GRPOGuardLoss`, :class:`AWMLoss`.
+  peers' :class:`GRPOGuardLoss`, :class:`AWMLoss`, :class:`DGPOLoss`.
 - :mod:`~vgrpo_lib.batches`: each loss's batch from its sampler's output in one call (:func:`flow_grpo_batch`,
   :func:`vgrpo_batch`, DiffusionNFT's :class:`OldPolicy`).
 - :mod:`~vgrpo_lib.diagnostics`, :mod:`~vgrpo_lib.testing`: estimator measurements and test helpers for your own
@@ -41,11 +41,12 @@ from vgrpo_lib.control import (
     set_learning_rate,
 )
 from vgrpo_lib.elbo import ELBOSurrogate
-from vgrpo_lib.losses import AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss, total_loss
+from vgrpo_lib.losses import AWMLoss, DGPOLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss, total_loss
 from vgrpo_lib.objectives import (
     clip_fraction,
     clip_fraction_active,
     clipped_ratio_objective,
+    dgpo_group_weight,
     gaussian_kl_same_std,
     kl_estimate,
     nft_optimality,
@@ -78,6 +79,7 @@ __all__ = [
     "DiffusionNFTLoss",
     "GRPOGuardLoss",
     "AWMLoss",
+    "DGPOLoss",
     "total_loss",
     # a loss's batch from its sampler's output
     "flow_grpo_batch",
@@ -121,4 +123,5 @@ __all__ = [
     "gaussian_kl_same_std",
     "ratio_diagnostics",
     "nft_optimality",
+    "dgpo_group_weight",
 ]

@@ -33,9 +33,11 @@ from vgrpo_lib._checks import check_key, check_model_dtype, check_positive, choo
 from vgrpo_lib.elbo import ELBOSurrogate, VelocityModel
 from vgrpo_lib.objectives import (
     NFT_ADVANTAGE_MODES,
+    clip_active_mask,
     clip_fraction,
     clip_fraction_active,
     clipped_ratio_objective,
+    dgpo_group_weight,
     gaussian_kl_same_std,
     guard_log_ratio,
     nft_implicit_velocities,
@@ -47,7 +49,7 @@ from vgrpo_lib.rules import CLIP_RANGE, NON_NEGATIVE, POSITIVE, Rule
 from vgrpo_lib.sde import LOG_PROB_REDUCTIONS, check_noise_level, gaussian_log_prob, step_mean_std
 from vgrpo_lib.weighting import mean_over_data
 
-__all__ = ["AWMLoss", "DiffusionNFTLoss", "FLOW_GRPO_KL_FORMS", "FlowGRPOLoss", "GRPOGuardLoss", "VGRPOLoss", "total_loss"]
+__all__ = ["AWMLoss", "DGPOLoss", "DiffusionNFTLoss", "FLOW_GRPO_KL_FORMS", "FlowGRPOLoss", "GRPOGuardLoss", "VGRPOLoss", "total_loss"]
 
 FLOW_GRPO_KL_FORMS = ("exact", "flow_grpo")
 
@@ -485,6 +487,127 @@ class AWMLoss(_PolicyLoss):
                 kl = mean_over_data((v - v_other).square(), 2).mean()
                 out.update({f"loss_{name}": coef * kl, name: kl.detach()})
         return TensorDict(out, batch_size=[])
+
+
+class DGPOLoss(_PolicyLoss):
+    """DGPO: direct group preference optimisation (Luo et al., ICLR 2026, "Reinforcing Diffusion Models by Direct
+    Group Preference Optimization"; official code Luo-Yihong/DGPO, scripts/train_sd3_dgpo.py,
+    ``compute_group_dgpo_loss_allreduce`` and the training loop).
+
+        w_gk = sigmoid( beta / |g| sum_{i in g} A_i (l_ik - l^ref_ik) )                  (constant)
+        L = mean_{i, k} w_{g(i)k} A_i l~_ik  +  ref_kl_coef * mean ||v_theta - v_ref||^2
+
+    ``l`` is the estimator's per-pair denoising loss (official: the velocity MSE) of the trained policy on its own
+    ODE samples, ``l^ref`` the same on the same pairs under ``reference_model`` (official: the frozen base, or the
+    soft-updated copy with ``use_ema_ref``), ``w`` the group preference weight of
+    :func:`~vgrpo_lib.objectives.dgpo_group_weight`: its gradient is the group-level DPO loss's, no likelihood
+    ratio of a stochastic sampler. With ``clip_range`` the per-pair ratio ``exp(l^old - l)`` to ``old_model`` (the
+    soft-updated copy) clips as PPO does: ``l~`` is ``l`` with its gradient stopped where the ratio is above
+    ``1 + eps`` with ``A > 0`` or below ``1 - eps`` with ``A < 0`` (official ``clip_dsm``). The rows of a group must
+    reach one call together (the weight sums over the group).
+
+    Args:
+        model: the trained velocity model.
+        estimator: noising and weighting; its pairs (shared within a group) are in the batch.
+        reference_model: the model of the implicit reward ``-(l - l^ref)``, run without gradient.
+        beta: the preference temperature (official ``beta_dpo``: 100 GenEval / OCR, 10 PickScore).
+        old_model, clip_range: the behaviour copy and ``eps`` or ``(low, high)`` of the clip (official 1e-2; both or
+            neither).
+        ref_model, ref_kl_coef: the frozen base and the coefficient of the velocity MSE to it (official ``beta``:
+            0.02 GenEval / OCR, 0.001 PickScore).
+
+    Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``group`` ``[B]``, ``pairs`` ``[B, K]``.
+    Returns ``loss_objective`` (and ``loss_ref_kl``) plus the mean preference weight ``preference_weight``, the mean
+    matching loss ``matching_loss``, its mean gap to the reference ``reference_gap`` and, with a clip, the ratio
+    diagnostics.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Attributes:
+        sample: the generated samples ``[B, *D]``.
+        cond: the prompt conditioning.
+        advantage: the advantages ``[B]``.
+        group: the prompt-group ids ``[B]``.
+        pairs: the timestep-noise pairs ``[B, K]``.
+        """
+
+        sample: str = "sample"
+        cond: str = "cond"
+        advantage: str = "advantage"
+        group: str = "group"
+        pairs: str = "pairs"
+
+    _schedulable_rules = {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        estimator: ELBOSurrogate,
+        reference_model: VelocityModel,
+        *,
+        beta: float = 100.0,
+        old_model: VelocityModel | None = None,
+        clip_range: float | tuple[float, float] | None = None,
+        ref_model: VelocityModel | None = None,
+        ref_kl_coef: float | None = None,
+        unconditional: bool = False,
+    ):
+        super().__init__()
+        if (old_model is None) != (clip_range is None):
+            raise ValueError("The clip needs both old_model (the behaviour copy) and clip_range.")
+        if (ref_model is None) != (ref_kl_coef is None):
+            raise ValueError("A KL to the reference policy needs both ref_model and ref_kl_coef.")
+        self.model, self.estimator, self.unconditional = model, estimator, unconditional
+        self.reference_model, self.old_model, self.ref_model = reference_model, old_model, ref_model
+        self.beta = POSITIVE.check("beta", beta)
+        self._register_scalar("clip_range", clip_range)
+        self._register_scalar("ref_kl_coef", ref_kl_coef)
+
+    @property
+    def in_keys(self):
+        keys = ["sample", "advantage", "group", "pairs"] + ([] if self.unconditional else ["cond"])
+        return [getattr(self.tensor_keys, k) for k in keys]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
+        sample = self._get(tensordict, "sample", "the generated samples")
+        advantage = self._get(tensordict, "advantage", "the advantages")
+        group = self._get(tensordict, "group", "the prompt-group ids")
+        pairs = self._get(tensordict, "pairs", "the timestep-noise pairs")
+        if advantage.shape != sample.shape[:1] or group.shape != sample.shape[:1]:
+            raise ValueError(f"advantage and group must be [B] = [{sample.shape[0]}], got {tuple(advantage.shape)} "
+                             f"and {tuple(group.shape)}.")
+        inputs = self.estimator.noised(sample, self._cond(tensordict), pairs)
+        v = self.estimator.predict(self.model, inputs)
+        matching, _ = self.estimator.pair_loss(v, inputs)
+        frozen = self._frozen_predictions(inputs)  # each distinct frozen model once (the base may serve twice)
+        reference_loss, _ = self.estimator.pair_loss(frozen[id(self.reference_model)], inputs)
+        weight = dgpo_group_weight(advantage, matching, reference_loss, group, self.beta)
+        out = {"preference_weight": weight.mean(), "matching_loss": matching.detach().mean(),
+               "reference_gap": (matching.detach() - reference_loss).mean()}
+        if self.clip_range is not None:
+            old_loss, _ = self.estimator.pair_loss(frozen[id(self.old_model)], inputs)
+            log_ratio = old_loss - matching
+            clipped = clip_active_mask(log_ratio, advantage[:, None], self.clip_range)
+            matching = torch.where(clipped, matching.detach(), matching)
+            out.update(clip_fraction=clip_fraction(log_ratio, self.clip_range), clip_fraction_active=clipped.float().mean(),
+                       **ratio_diagnostics(log_ratio))
+        out["loss_objective"] = (weight * advantage.detach()[:, None] * matching).mean()
+        if self.ref_kl_coef is not None:
+            kl = mean_over_data((v - frozen[id(self.ref_model)]).square(), 2).mean()
+            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
+        return TensorDict(out, batch_size=[])
+
+    @torch.no_grad()
+    def _frozen_predictions(self, inputs) -> dict[int, torch.Tensor]:
+        """The velocity of each distinct frozen model (reference, old, KL reference) at ``inputs``, by ``id``."""
+        models = [m for m in (self.reference_model, self.old_model, self.ref_model) if m is not None]
+        return {id(m): self.estimator.predict(m, inputs) for m in {id(m): m for m in models}.values()}
 
 
 class DiffusionNFTLoss(_PolicyLoss):

@@ -15,8 +15,8 @@ from vgrpo_lib.weighting import mean_over_data
 
 __all__ = [
     "ClipRange",
-    "KL_ESTIMATORS", "NFT_ADVANTAGE_MODES", "clip_fraction", "clip_fraction_active", "clip_sides",
-    "clipped_ratio_objective", "gaussian_kl_same_std", "guard_log_ratio", "kl_estimate", "nft_implicit_velocities",
+    "KL_ESTIMATORS", "NFT_ADVANTAGE_MODES", "clip_active_mask", "clip_fraction", "clip_fraction_active", "clip_sides",
+    "clipped_ratio_objective", "dgpo_group_weight", "gaussian_kl_same_std", "guard_log_ratio", "kl_estimate", "nft_implicit_velocities",
     "nft_optimality", "ratio_diagnostics", "soft_clip", "x_space_kl",
 ]
 
@@ -76,10 +76,16 @@ def clip_fraction_active(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_
     """Share of elements whose gradient the clip removes: ratio above ``1 + high`` with a positive advantage, or
     below ``1 - low`` with a negative one (a ratio outside the range on the other side keeps its gradient, since
     ``min`` then picks the unclipped term). ``clip_range`` as in :func:`clipped_ratio_objective`."""
-    low, high = clip_sides(clip_range)
+    return clip_active_mask(log_ratio, advantage, clip_range).float().mean()
+
+
+def clip_active_mask(log_ratio: torch.Tensor, advantage: torch.Tensor, clip_range: ClipRange) -> torch.Tensor:
+    """``[N]`` bool: True where the clip removes the gradient, a ratio above ``1 + high`` with a positive advantage
+    or below ``1 - low`` with a negative one (:func:`clip_fraction_active` is its mean). ``clip_range`` as in
+    :func:`clipped_ratio_objective`."""
+    low, high = clip_sides(clip_range, log_ratio.device)
     ratio = torch.exp(log_ratio.detach())
-    clipped = ((ratio > 1.0 + high) & (advantage > 0)) | ((ratio < 1.0 - low) & (advantage < 0))
-    return clipped.float().mean()
+    return ((ratio > 1.0 + high) & (advantage > 0)) | ((ratio < 1.0 - low) & (advantage < 0))
 
 
 def soft_clip(advantage: torch.Tensor, eta: float) -> torch.Tensor:
@@ -209,3 +215,30 @@ def nft_implicit_velocities(v_theta: torch.Tensor, v_old: torch.Tensor, strength
     ``v+ = (1 - b) v_old + b v_theta``, ``v- = (1 + b) v_old - b v_theta``. ``v_old`` is treated as a constant."""
     v_old = v_old.detach()
     return (1.0 - strength) * v_old + strength * v_theta, (1.0 + strength) * v_old - strength * v_theta
+
+
+def dgpo_group_weight(advantage: torch.Tensor, loss: torch.Tensor, ref_loss: torch.Tensor, group: torch.Tensor,
+                      beta: float) -> torch.Tensor:
+    """DGPO's group preference weight (Luo et al., ICLR 2026, "Reinforcing Diffusion Models by Direct Group
+    Preference Optimization"), detached, ``[B, K]``:
+
+        w_gk = sigmoid( beta / |g| * sum_{i in g} A_i (l_ik - l^ref_ik) ),    broadcast to the members i of g
+
+    the derivative of ``-log sigmoid(R(G+) - R(G-))``, the group-level DPO loss whose implicit reward
+    difference is ``-beta / |g| sum_i A_i (l_i - l^ref_i)``: the advantage-weighted positive and negative members
+    of the group, each scored by how much better it is denoised than by the reference. The loss
+    ``mean_ik w_gk A_i l_ik`` (``w`` constant) then has the gradient of ``(1 / beta) mean_g softplus(s_g)``.
+
+    Args:
+        advantage: ``[B]``.
+        loss, ref_loss: ``[B, K]`` per-pair denoising losses of the trained and the reference policy, on the same
+            pairs (members of a group must share their pairs: ``l - l^ref`` is compared within the group).
+        group: ``[B]`` integer prompt-group ids; ``|g|`` counts the rows of group ``g`` present (the official
+            code divides by the configured group size: the same when every group is whole).
+        beta: the preference temperature (official ``beta_dpo``: 100 GenEval / OCR, 10 PickScore).
+    """
+    check_positive("beta", beta)
+    _, index, count = torch.unique(group, return_inverse=True, return_counts=True)
+    score = advantage.detach()[:, None] * (loss.detach() - ref_loss.detach())
+    sums = score.new_zeros((count.numel(), score.shape[1])).index_add_(0, index, score)
+    return torch.sigmoid(beta * sums / count[:, None].to(score.dtype))[index]

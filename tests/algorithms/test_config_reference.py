@@ -36,9 +36,9 @@ def test_the_json_format_round_trips_every_key_with_its_value_type_and_help(caps
         "allowed": "eps or a (low, high) pair with 0 <= low < 1 and high >= 0, finite",
         "help": by_key["vgrpo.clip_range"]["help"], "algorithms": ["vgrpo"],
     }
-    assert by_key["rollout.solver"]["algorithms"] == ["vgrpo", "diffusion_nft", "fpo", "awm"]
+    assert by_key["rollout.solver"]["algorithms"] == ["vgrpo", "diffusion_nft", "fpo", "awm", "dgpo"]
     assert by_key["advantage.clip"]["algorithms"] == [a for a in ALGORITHMS if a != "diffusion_nft"]
-    assert by_key["schedule.clip_range"]["algorithms"] == ["vgrpo", "flow_grpo", "grpo_guard", "flow_grpo_fast", "fpo"]
+    assert by_key["schedule.clip_range"]["algorithms"] == ["vgrpo", "flow_grpo", "grpo_guard", "flow_grpo_fast", "fpo", "dgpo"]
     assert by_key["optim.lr"]["algorithms"] == list(ALGORITHMS)
     # Every value, set back as an override, gives the default config again.
     overrides = [f"{row['key']}={_text(row['value'])}" for row in rows if row["key"] != "algo" and
