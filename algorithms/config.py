@@ -628,6 +628,12 @@ class ModelConfig(Section):
         "512 FLUX, FLUX.2, Qwen-Image; 0 without T5.",
     )
     gradient_checkpointing: bool | None = setting(None, help="Gradient checkpointing. None: on with CUDA.")
+    gradient_checkpointing_every: int = setting(
+        1, rule=AT_LEAST_ONE,
+        help="With gradient checkpointing on, recompute only every N-th transformer block in the backward pass (the "
+        "N-th, 2N-th, ... in the order the transformer runs them, as torchtitan's per-layer selective checkpointing); "
+        "the others keep their activations. 1: every block (least memory); a larger N: less recomputation, more memory.",
+    )
     batch_size: int = setting(
         8, rule=AT_LEAST_ONE, help="Samples per evaluation forward, VAE decode and text-encoder call.",
     )
@@ -646,6 +652,11 @@ class ModelConfig(Section):
         1.0, rule=POSITIVE, help="Evaluation only: the true-CFG scale against model.negative_prompt (qwen-image: 4.0, "
         "its pipeline's default; the norm-rescaled CFG of QwenImagePipeline). 1: no CFG.",
     )
+
+    def check(self, config: TrainConfig) -> None:
+        if self.gradient_checkpointing is False and self.gradient_checkpointing_every != 1:
+            raise UsageError("model.gradient_checkpointing_every chooses the checkpointed blocks, but "
+                             "model.gradient_checkpointing=false turns checkpointing off: drop one of them.")
 
 
 @dataclass

@@ -51,6 +51,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vgrpo_lib.extras import needs_extra
+from vgrpo_lib.integrations.diffusers_adapters.checkpointing import enable_block_checkpointing
 from vgrpo_lib.integrations.diffusers_adapters.lora import (
     TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
 )
@@ -315,6 +316,8 @@ class DiffusersTask:
             projections; only its parameters are trainable.
         max_sequence_length: T5 tokens per prompt (None: the pipeline's default, 256 SD3 / 512 FLUX).
         gradient_checkpointing: recompute the transformer's activations in backward (needed at 512-1024 px).
+        gradient_checkpointing_every: with ``gradient_checkpointing``, recompute only every N-th transformer block
+            (:func:`~vgrpo_lib.integrations.diffusers_adapters.checkpointing.enable_block_checkpointing`; 1: all).
         batch_size: samples per forward when evaluating, per VAE decode and per text-encoder call.
         cache_size: distinct prompts whose embeddings are kept (least recently used dropped first).
         eval_solver: ODE solver for :meth:`sample` (the pipelines' scheduler is Euler).
@@ -332,7 +335,8 @@ class DiffusersTask:
 
     def __init__(self, base: DiffusersPolicy, prompts, reward, image_size: int | tuple[int, int] = 512, *,
                  eval_prompts=None, lora_rank: int = 32, lora_alpha: int = 64, max_sequence_length: int | None = None,
-                 gradient_checkpointing: bool = False, batch_size: int = 8, cache_size: int = 4096,
+                 gradient_checkpointing: bool = False, gradient_checkpointing_every: int = 1, batch_size: int = 8,
+                 cache_size: int = 4096,
                  eval_solver: str = "euler", metrics: Callable | None = None, label: Callable | None = None,
                  evaluation_metrics: Mapping[str, str] | None = None, negative_prompt: str | None = None,
                  true_cfg_scale: float = 1.0, eval_image_size: int | tuple[int, int] | None = None):
@@ -349,7 +353,7 @@ class DiffusersTask:
         self.reward_spec = reward
         self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
         self.max_sequence_length = max_sequence_length
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing, self.gradient_checkpointing_every = gradient_checkpointing, gradient_checkpointing_every
         self.batch_size, self.cache_size, self.eval_solver = batch_size, cache_size, eval_solver
         self.metrics, self.label = metrics, label
         self.evaluation_metrics = dict(evaluation_metrics or {"reward_mean": "mean reward"})
@@ -416,7 +420,7 @@ class DiffusersTask:
         add_lora(transformer, r=self.lora_rank, alpha=self.lora_alpha, target_modules=self.base.lora_target_modules)
         upcast_trainable_parameters(transformer)
         if self.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
+            enable_block_checkpointing(transformer, self.gradient_checkpointing_every)
         self._policy = LoRAPolicy(self.base.model)
         return self._policy
 
@@ -590,7 +594,8 @@ def weights_location(name_or_path: str) -> str | None:
 def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=None, reward=None,
              image_size: int | tuple[int, int] | None = None, lora_rank: int = 32, lora_alpha: int = 64,
              device: str | None = None, dtype: str = "bfloat16", max_sequence_length: int | None = None,
-             gradient_checkpointing: bool | None = None, batch_size: int = 8, without_t5: bool = False,
+             gradient_checkpointing: bool | None = None, gradient_checkpointing_every: int = 1, batch_size: int = 8,
+             without_t5: bool = False,
              metrics: Callable | None = None, label: Callable | None = None,
              evaluation_metrics: Mapping[str, str] | None = None, frames: int | None = None,
              negative_prompt: str | None = None, true_cfg_scale: float = 1.0,
@@ -648,6 +653,7 @@ def hub_task(name: str, *, path: str | None = None, prompts=None, eval_prompts=N
         lora_alpha=lora_alpha,
         max_sequence_length=max_sequence_length,
         gradient_checkpointing=device.type == "cuda" if gradient_checkpointing is None else gradient_checkpointing,
+        gradient_checkpointing_every=gradient_checkpointing_every,
         batch_size=batch_size,
         metrics=metrics,
         label=label,
