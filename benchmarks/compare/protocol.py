@@ -65,6 +65,13 @@ VARIANTS: dict[str, Variant] = {
     "awm": Variant("awm", ("awm.ref_kl_coef=none",)),
     "grpo_guard": Variant("grpo_guard", FLOW_GRPO_CORE),
     "flow_grpo_fast": Variant("flow_grpo_fast", FLOW_GRPO_CORE),
+    # DGPO: a gradient step takes whole groups, so its third control is the official PickScore temperature (beta_dpo
+    # 10) in place of two minibatches; CFG-free rollouts as the others'.
+    "dgpo": Variant("dgpo", ("dgpo.ref_kl_coef=none", "dgpo.rollout_cfg_scale=1.0"), {
+        "one_step": DEFAULT_STEP_CONTROLS["one_step"],
+        "two_epochs": DEFAULT_STEP_CONTROLS["two_epochs"],
+        "one_step_beta10": (*DEFAULT_STEP_CONTROLS["one_step"], "dgpo.beta=10"),
+    }),
 }
 TASK_OVERRIDES = {"pair": ["eval.per_prompt=4"]}
 

@@ -293,3 +293,13 @@ def test_the_official_preset_holds_the_official_settings():
     sd3 = build_config("dgpo", None, "official-sd3.5-medium", [])
     assert (sd3.group_size, sd3.prompts_per_iteration, sd3.optim.lr, sd3.rollout.num_steps) == (16, 8, 3e-4, 10)
     assert (sd3.model.lora_rank, sd3.model.lora_alpha) == (64, 128)
+
+
+def test_dgpo_is_a_comparison_variant_at_the_official_settings_without_base_kl_or_rollout_cfg():
+    from vgrpo_lib.benchmarks.compare import VARIANTS, build
+
+    assert set(VARIANTS["dgpo"].step_controls) == {"one_step", "two_epochs", "one_step_beta10"}
+    for control, (epochs, beta) in {"one_step": (1, 100.0), "two_epochs": (2, 100.0), "one_step_beta10": (1, 10.0)}.items():
+        config = build("dgpo", "digits8", 100, 1e-3, control, [])
+        assert (config.optim.epochs, config.optim.minibatches, config.dgpo.beta) == (epochs, 1, beta)
+        assert (config.dgpo.ref_kl_coef, config.dgpo.rollout_cfg_scale, config.dgpo.clip_range) == (None, 1.0, 0.01)
