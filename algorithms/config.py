@@ -529,7 +529,7 @@ class DGPOConfig(AlgorithmSection):
     clip_range: ClipRange | None = setting(
         0.01, rule=CLIP_RANGE,
         help="eps or LOW,HIGH: a pair's loss stops its gradient when exp(l_copy - l) leaves [1 - eps, 1 + eps] on the "
-             "advantage's side (official clip_range: 1e-2 GenEval / OCR, clip_dsm). None: no clip.",
+             "advantage's side (official clip_range: 1e-2 GenEval / OCR, 5e-2 PickScore; clip_dsm). None: no clip.",
     )
     ref_kl_coef: float | None = setting(
         None, rule=NON_NEGATIVE,
