@@ -22,6 +22,7 @@ from __future__ import annotations
 from vgrpo_lib.algorithms.base import Algorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
+from vgrpo_lib.errors import UsageError
 from vgrpo_lib.losses import DGPOLoss
 from vgrpo_lib.samplers import classifier_free_guidance
 from vgrpo_lib.timesteps import GridSubset
@@ -40,7 +41,7 @@ class DGPO(Algorithm):
         c = config.dgpo
         for key, scale in (("rollout_cfg_scale", c.rollout_cfg_scale), ("reference_cfg_scale", c.reference_cfg_scale)):
             if scale != 1.0 and policies.null_cond is None:
-                raise ValueError(f"dgpo.{key}={scale} needs a task with an unconditional condition (null_cond).")
+                raise UsageError(f"dgpo.{key}={scale} needs a task with an unconditional condition (null_cond).")
         self.estimator = ELBOSurrogate(c.num_pairs, GridSubset(self.grid[: c.last_trained_step + 1]), sharing="group",
                                        weighting=c.weighting)
         self.decay = OldPolicyDecay(c.decay_rate, c.decay_max)

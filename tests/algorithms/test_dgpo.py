@@ -281,6 +281,15 @@ def test_dgpo_settings_are_checked_naming_the_key(overrides, message, tiny_confi
         tiny_config("dgpo", *overrides)
 
 
+def test_cfg_needs_a_task_with_an_unconditional_condition(tiny_config):
+    from vgrpo_lib.algorithms.dgpo import DGPO
+    from vgrpo_lib.algorithms.policies import Policies
+
+    for key in ("rollout_cfg_scale", "reference_cfg_scale"):
+        with pytest.raises(ValueError, match=rf"dgpo.{key}=4.5 needs a task with an unconditional condition"):
+            DGPO(tiny_config("dgpo", f"dgpo.{key}=4.5"), Policies(torch.nn.Linear(2, 2)), (2,), [1.0, 0.5, 0.0])
+
+
 def test_the_official_preset_holds_the_official_settings():
     config = build_config("dgpo", None, "official", ["task=digits8", "rollout.num_steps=10"])
     c = config.dgpo
