@@ -93,14 +93,25 @@ class RolloutConfig(Section):
     micro_batch_size: int | str | None = setting(
         None, rule=MICRO_BATCH_SIZE,
         help="Samples per rollout micro-batch: the rollout runs in micro-batches of this many samples in turn, each "
-             "drawing its own noise (the samples depend on the size). None: the whole batch at once. auto: "
+             "drawing its own noise (the samples depend on the size) and scored by one reward call. None: the whole "
+             "batch at once. auto: "
              "the largest that fits in memory (halved on out-of-memory, recorded in the metrics and checkpoints).",
+    )
+    overlap_rewards: bool = setting(
+        False, help="Score each rollout micro-batch (rollout.micro_batch_size) in a background thread while the next "
+        "one is rolled out: a served reward (model.reward=http://...) works while the policy samples. The rewards are "
+        "the same as without (the same calls, in the same order).",
     )
     shift: float | None = setting(
         None, rule=TIME_SHIFT,
         help="SD3 time shift of the rollout grid. None: the task's own grid (testbed: uniform; a diffusers task: its "
              "pipeline scheduler's sigmas at the training resolution, FLUX's resolution-dependent shift included).",
     )
+
+    def check(self, config: TrainConfig) -> None:
+        if self.overlap_rewards and self.micro_batch_size is None:
+            raise UsageError("rollout.overlap_rewards scores a rollout micro-batch while the next rolls out, and "
+                             "rollout.micro_batch_size=none rolls out one batch: set rollout.micro_batch_size (or auto).")
 
 
 @dataclass

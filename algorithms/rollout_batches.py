@@ -1,20 +1,29 @@
-"""The rollout in micro-batches (``rollout.micro_batch_size``): a bound on the rollout's memory.
+"""The rollout in micro-batches (``rollout.micro_batch_size``), each scored on its own, in order.
 
-    batch = rollout_in_micro_batches(rollout, cond, group, size=8)   # rollout(cond[i:i+8], group[i:i+8]), ... joined
+    with MicroBatchScores(decode, score, overlap=True) as scores:
+        batch = rollout_in_micro_batches(rollout, cond, group, size=8, then=scores.add)   # rollout(cond[i:i+8], ...)
+        reward = scores.result()                                                           # (N,), in row order
 
 Each micro-batch is one call of the algorithm's rollout on its rows, in order, with the trainer's generator: each
 draws its own initial noise (and SDE noise, and Flow-GRPO-Fast's window) in turn, so the samples depend on the
 micro-batch size (a run is reproduced with the same size) but not on anything else.
+
+Each micro-batch's samples are decoded and scored as one reward call. With ``rollout.overlap_rewards`` the call
+runs in a background thread as soon as the micro-batch is decoded, while the next micro-batch rolls out (a served
+reward, ``model.reward=http://...``, then scores on its own machine meanwhile); without, the same calls run one
+after another once the rollout is done. The rewards are the same either way (same calls, same order), and a
+reward's failure is the same error, raised when its result is collected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from tensordict import TensorDict
 
-__all__ = ["micro_batch_rows", "rollout_in_micro_batches"]
+__all__ = ["MicroBatchScores", "micro_batch_rows", "rollout_in_micro_batches"]
 
 
 def micro_batch_rows(rows: int, size: int) -> list[slice]:
@@ -25,9 +34,68 @@ def micro_batch_rows(rows: int, size: int) -> list[slice]:
 
 
 def rollout_in_micro_batches(rollout: Callable[[object, torch.Tensor], TensorDict], cond, group: torch.Tensor,
-                             size: int) -> TensorDict:
+                             size: int, then: Callable[[TensorDict, slice], None] | None = None) -> TensorDict:
     """``rollout(cond, group)`` (``group`` ``(N,)``, ``cond`` a Tensor or TensorDict with N rows, or None) run on
-    micro-batches of ``size`` rows in order and joined along the batch: a TensorDict ``[N]``."""
-    parts = [rollout(None if cond is None else cond[rows], group[rows])
-             for rows in micro_batch_rows(group.shape[0], size)]
+    micro-batches of ``size`` rows in order and joined along the batch: a TensorDict ``[N]``. ``then(part, rows)``
+    is called after each micro-batch, before the next is rolled out."""
+    parts = []
+    for rows in micro_batch_rows(group.shape[0], size):
+        parts.append(rollout(None if cond is None else cond[rows], group[rows]))
+        if then is not None:
+            then(parts[-1], rows)
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class MicroBatchScores:
+    """The rewards of a rollout's micro-batches, in their order.
+
+    Args:
+        decode: ``decode(samples) -> images`` (called in the caller's thread).
+        score: ``score(images, prompts) -> (n,)`` or ``(n, R)``, one call per micro-batch.
+        prompts: the rollout's prompts (N of them), sliced by each micro-batch's rows.
+        overlap: score each micro-batch in one background thread as soon as :meth:`add` hands it over; else decode
+            and score each in turn at :meth:`result`.
+
+    Use as a context manager: leaving it (also on an error) cancels the calls not started and waits for the running
+    one, so no thread outlives the rollout.
+    """
+
+    def __init__(self, decode: Callable[[torch.Tensor], torch.Tensor],
+                 score: Callable[[torch.Tensor, Sequence], torch.Tensor], prompts: Sequence, overlap: bool):
+        self.decode, self.score, self.prompts, self.overlap = decode, score, prompts, overlap
+        self._pending: list[Future | tuple[torch.Tensor, Sequence]] = []
+        self._failed = False  # a background call raised: the calls queued after it are not made
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="micro-batch-reward") if overlap else None
+
+    def add(self, part: TensorDict, rows: slice) -> None:
+        """Hand over the micro-batch ``part`` (its ``"sample"``) of the rollout's rows ``rows``."""
+        prompts = self.prompts[rows]
+        if self.overlap:
+            self._pending.append(self._pool.submit(self._score_unless_failed, self.decode(part["sample"]), prompts))
+        else:
+            self._pending.append((part["sample"], prompts))
+
+    def _score_unless_failed(self, images: torch.Tensor, prompts: Sequence) -> torch.Tensor | None:
+        """``score`` in the background thread, skipped (None) once an earlier call failed: :meth:`result` raises
+        that failure, so no reward is asked for past it (as when scoring one micro-batch after another)."""
+        if self._failed:
+            return None
+        try:
+            return self.score(images, prompts)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def result(self) -> torch.Tensor:
+        """Every micro-batch's rewards, joined in row order: ``(N,)`` or ``(N, R)``; a reward's error is raised
+        here, the first micro-batch's first."""
+        scores = [item.result() if isinstance(item, Future) else self.score(self.decode(item[0]), item[1])
+                  for item in self._pending]
+        return scores[0] if len(scores) == 1 else torch.cat(scores)
+
+    def __enter__(self) -> MicroBatchScores:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

@@ -11,8 +11,9 @@ Costs are measured per phase (rollout, reward, prepare, update) and model evalua
 ``resume`` continues exactly; a run holds its run directory's lock while it trains
 (:class:`vgrpo_lib.algorithms.run_dir.RunDir`). How it executes lives in modules of their own: the processes
 (:mod:`vgrpo_lib.algorithms.strategy`), the precision (:mod:`vgrpo_lib.algorithms.precision`), the gradient steps with their
-micro-batches and divergence checks (:mod:`vgrpo_lib.algorithms.gradient_steps`, :mod:`vgrpo_lib.algorithms.micro_batches`), the reward
-calls and retries (:mod:`vgrpo_lib.algorithms.scoring`), evaluation (:mod:`vgrpo_lib.algorithms.evaluation`), plots
+micro-batches and divergence checks (:mod:`vgrpo_lib.algorithms.gradient_steps`, :mod:`vgrpo_lib.algorithms.micro_batches`), the
+rollout's micro-batches and their overlapped rewards (:mod:`vgrpo_lib.algorithms.rollout_batches`), the micro-batch
+autotuner (:mod:`vgrpo_lib.algorithms.autotune`), the reward calls and retries (:mod:`vgrpo_lib.algorithms.scoring`), evaluation (:mod:`vgrpo_lib.algorithms.evaluation`), plots
 (:mod:`vgrpo_lib.algorithms.plots`) and loggers (:mod:`vgrpo_lib.algorithms.run_logging`).
 """
 
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tensordict import TensorDict
 from tqdm.auto import tqdm
 
 from vgrpo_lib.algorithms.autotune import MicroBatchSizes
@@ -41,7 +43,7 @@ from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.algorithms.precision import autocast
 from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
 from vgrpo_lib.algorithms.rng import rng_state, seed_everything, set_rng_state
-from vgrpo_lib.algorithms.rollout_batches import rollout_in_micro_batches
+from vgrpo_lib.algorithms.rollout_batches import MicroBatchScores, rollout_in_micro_batches
 from vgrpo_lib.algorithms.run_dir import RunDir, new_run_id
 from vgrpo_lib.algorithms.threads import limit_torch_threads
 from vgrpo_lib.algorithms.run_logging import RunLogger, check_wandb_credentials, resolve_backend
@@ -255,15 +257,33 @@ class Trainer:
 
         return self.micro_batches.run("update", minibatch.shape[0], attempt, self._rewinder(gradients=True))
 
-    def _rollout(self, cond, group: torch.Tensor):
-        """The algorithm's rollout of this iteration in micro-batches of ``rollout.micro_batch_size`` samples
-        (:mod:`vgrpo_lib.algorithms.rollout_batches`; ``auto``: the largest that fits)."""
-        def rollout(cond_rows, group_rows):
+    def _rollout_and_score(self, cond, group: torch.Tensor, prompts, clock: PhaseClock) -> TensorDict:
+        """This iteration's rollout with its ``"reward"`` (``[N]``, ``[N, R]`` for a multi-reward): the algorithm's
+        rollout in micro-batches of ``rollout.micro_batch_size`` samples (``auto``: the largest that fits), each
+        decoded and scored, in the background while the next rolls out with ``rollout.overlap_rewards``
+        (:mod:`vgrpo_lib.algorithms.rollout_batches`). Ends the phase ``rollout`` on ``clock`` when the last
+        micro-batch is rolled out."""
+        what = f"the training samples of iteration {self.iteration}"
+        score = self.reward_fn if self.reward_names is None else self.reward_fn.stack
+        num_rewards = None if self.reward_names is None else len(self.reward_names)
+
+        def decode(samples: torch.Tensor) -> torch.Tensor:
+            check_finite_images(samples, what)
+            return self.task.decode(samples)
+
+        def reward(images: torch.Tensor, prompt_rows) -> torch.Tensor:
+            return call_reward(score, images, prompt_rows, self.config.reward_retries, self.iteration, num_rewards)
+
+        def rollout(cond_rows, group_rows) -> TensorDict:
             with self._autocast():
                 return self.algorithm.rollout(cond_rows, group_rows, self.generator, self.iteration)
 
-        def attempt(size: int):
-            return rollout_in_micro_batches(rollout, cond, group, size)
+        def attempt(size: int) -> TensorDict:
+            with MicroBatchScores(decode, reward, prompts, overlap=self.config.rollout.overlap_rewards) as scores:
+                batch = rollout_in_micro_batches(rollout, cond, group, size, then=scores.add)
+                clock.mark("rollout")
+                batch["reward"] = scores.result()
+            return batch
 
         return self.micro_batches.run("rollout", group.shape[0], attempt, self._rewinder())
 
@@ -272,12 +292,7 @@ class Trainer:
         clock = PhaseClock(next(self.policy.parameters()).device)  # on a GPU also each phase's peak memory
         controlled = self.control.apply(self.iteration)  # scheduled lr / clip range / KL coefficients
         prompts, cond, group = local_prompts(self.task, self.config, self.shard, self.generator)
-        batch = self._rollout(cond, group)
-        clock.mark("rollout")
-        check_finite_images(batch["sample"], f"the training samples of iteration {self.iteration}")
-        score = self.reward_fn if self.reward_names is None else self.reward_fn.stack
-        batch["reward"] = call_reward(score, self.task.decode(batch["sample"]), prompts, self.config.reward_retries,
-                                      self.iteration, None if self.reward_names is None else len(self.reward_names))
+        batch = self._rollout_and_score(cond, group, prompts, clock)
         # The global batch's rewards on every rank (B floats, or [B, R]): advantages and logged statistics are global.
         scores, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
         reward = scores if self.reward_names is None else scores @ self.reward_weights.to(scores)  # the weighted sum
