@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 from vgrpo_lib.integrations.distributed import STRATEGIES
 from vgrpo_lib.algorithms.autotune import MICRO_BATCH_SIZE
 from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
-from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_schedule
+from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_reference_reset, parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DGPOLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
@@ -217,13 +217,22 @@ class ScheduleConfig(Section):
         None, help="Schedule of the reference-KL coefficient, from <algo>.ref_kl_coef (which must be set; 0 starts "
                    "it off).",
     )
+    reference_reset: str | None = setting(
+        None, help="GARDO's reference reset, kl=K,every=N (either or both): the reference of <algo>.ref_kl_coef's KL "
+                   "(which must be set) becomes a copy of the policy after an iteration whose mean ref_kl exceeds K, or "
+                   "once more than N iterations passed since the last reset (official kl_thres 3e-4, reset_freq 15). "
+                   "Needs a reference held as a copy (the testbed's). None: the base throughout.",
+    )
 
     def check(self, config: TrainConfig) -> None:
         rules = {"lr": SCHEDULED_LR}
         for section in _algorithm_sections().values():
             rules |= section.schedulable() if config.algo in section.algorithms else {}
         for name, (start, spec) in schedule_targets(config).items():
-            parse_schedule(spec, start, f"schedule.{name}", rules[name], adaptive=name.endswith("kl_coef"))
+            if name == "reference_reset":
+                parse_reference_reset(spec, "schedule.reference_reset")
+            else:
+                parse_schedule(spec, start, f"schedule.{name}", rules[name], adaptive=name.endswith("kl_coef"))
 
 
 def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
@@ -239,13 +248,14 @@ def schedule_targets(config: TrainConfig) -> dict[str, tuple[float, str]]:
         if f.name == "lr":
             targets["lr"] = (config.optim.lr, spec)
             continue
-        owner = next((name for name, section in sections.items() if f.name in section.schedulable()), None)
+        value = "ref_kl_coef" if f.name == "reference_reset" else f.name  # the reset acts on the reference KL's term
+        owner = next((name for name, section in sections.items() if value in section.schedulable()), None)
         if owner is None:
-            raise UsageError(f"schedule.{f.name}: {config.algo} has no {f.name} to schedule.")
-        start = getattr(sections[owner], f.name)
+            raise UsageError(f"schedule.{f.name}: {config.algo} has no {value} to {'reset' if value != f.name else 'schedule'}.")
+        start = getattr(sections[owner], value)
         if start is None:
             raise UsageError(
-                f"schedule.{f.name} needs {owner}.{f.name} set: the term exists only when its coefficient is "
+                f"schedule.{f.name} needs {owner}.{value} set: the term exists only when its coefficient is "
                 f"(set it to the start value, e.g. 0)."
             )
         if isinstance(start, tuple):
@@ -861,10 +871,11 @@ def _check_used(algo: str, keys) -> None:
 def key_users(key: str) -> tuple[str, ...]:
     """The algorithms that read ``key``: those of its section (every algorithm for a shared section) less those
     that ignore it; for ``schedule.<name>``, those whose section's loss declares ``<name>`` schedulable (``lr``:
-    every algorithm)."""
+    every algorithm; ``reference_reset``: those with a reference KL)."""
     section_name, _, name = key.partition(".")
     sections = _algorithm_sections()
     if section_name == "schedule" and name != "lr":
+        name = "ref_kl_coef" if name == "reference_reset" else name  # the reset acts on the reference KL's term
         return tuple(algo for algo in ALGORITHMS
                      if any(name in s.schedulable() for s in sections.values() if algo in s.algorithms))
     candidates = sections[section_name].algorithms if section_name in sections else ALGORITHMS

@@ -49,6 +49,8 @@ def _allowed(key: str, f: dataclasses.Field, tp) -> str:
         return " | ".join(f.metadata["choices"])
     if f.metadata.get("rule") is not None:
         return f.metadata["rule"].text
+    if key == "schedule.reference_reset":
+        return "kl=K (> 0) and/or every=N (>= 1)"
     if key.startswith("schedule."):
         forms = [s for s in SCHEDULES if s != "adaptive" or key.endswith("kl_coef")]
         return " | ".join(forms) + " (with their parameters, see above)"

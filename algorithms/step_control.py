@@ -12,6 +12,9 @@ A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the con
 - ``warmup=W`` with any of the first four: a linear warm-up over ``W`` iterations into it
   (:class:`vgrpo_lib.control.Warmup`).
 
+``schedule.reference_reset`` (``kl=K,every=N``) is GARDO's reset of the reference of the KL to the base policy
+(:class:`ReferenceReset`): not a value but an event, decided from the KL each iteration measured.
+
 Every value a schedule reaches is checked, before the run writes anything, by the rule of the value it drives:
 the one its loss declares in ``_schedulable_rules`` (:mod:`vgrpo_lib.losses`), or ``>= 0`` for the learning rate.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +31,7 @@ from vgrpo_lib.control import AdaptiveKLController, Constant, Cosine, Linear, Pi
 from vgrpo_lib.rules import NON_NEGATIVE, Rule
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_schedule"]
+__all__ = ["ReferenceReset", "SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_reference_reset", "parse_schedule"]
 
 SCHEDULED_LR = NON_NEGATIVE
 """The rule of a scheduled learning rate: it may decay to 0 (``optim.lr`` itself must be > 0)."""
@@ -88,16 +92,72 @@ def parse_schedule(spec: str, start: float, key: str, rule: Rule, *, adaptive: b
     return schedule
 
 
+@dataclass
+class ReferenceReset:
+    """GARDO's periodic reference reset (He et al., 2025, "GARDO: Reinforcing Diffusion Models without Reward
+    Hacking", arXiv 2512.24138; tinnerhrhe/GARDO, scripts/train_sd3_grpo_gardo.py, ``main``): the reference of the KL
+    to the base policy becomes a copy of the trained policy after an iteration whose KL to it exceeded ``kl``
+    (official ``kl_thres``: 3e-4, checked per gradient step; here on the iteration's mean ``ref_kl``), or once more
+    than ``every`` iterations have passed since the last reset (official ``reset_freq``: 15, ``epoch - prev_epoch >
+    reset_freq``), so the KL keeps the policy near a recent version of itself instead of the base. GARDO's KL gate
+    (the KL only on the samples whose rewards disagree) is not part of it.
+
+    ``since``: iterations since the last reset (or the start); ``resets``: how many so far.
+    """
+
+    kl: float | None = None
+    every: int | None = None
+    since: int = 0
+    resets: int = 0
+
+    def due(self, ref_kl: float) -> bool:
+        """After an iteration that measured ``ref_kl``: whether the reference is reset now (then counted)."""
+        self.since += 1
+        reset = (self.kl is not None and ref_kl > self.kl) or (self.every is not None and self.since > self.every)
+        if reset:
+            self.since, self.resets = 0, self.resets + 1
+        return reset
+
+
+def parse_reference_reset(spec: str, key: str) -> ReferenceReset:
+    """``kl=K,every=N`` (either or both: ``K > 0``, ``N >= 1``) as a :class:`ReferenceReset`; errors name ``key``."""
+    parsers = {"kl": float, "every": int}
+    params = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, text = item.partition("=")
+        if name not in parsers:
+            raise UsageError(f"{key} takes kl=K and/or every=N (e.g. kl=3e-4,every=15), got {item!r}.")
+        try:
+            params[name] = parsers[name](text)
+        except ValueError:
+            raise UsageError(f"{key}: {name}={text!r} does not parse.") from None
+    if not params:
+        raise UsageError(f"{key} needs kl=K and/or every=N (e.g. kl=3e-4,every=15), got {spec!r}.")
+    if "kl" in params and not (math.isfinite(params["kl"]) and params["kl"] > 0):
+        raise UsageError(f"{key}: kl must be finite and > 0, got {params['kl']!r}.")
+    if "every" in params and params["every"] < 1:
+        raise UsageError(f"{key}: every must be >= 1, got {params['every']}.")
+    return ReferenceReset(**params)
+
+
 class StepControl:
     """Applies the configured schedules before each iteration and updates the adaptive KL controllers after it.
 
     ``targets``: value name -> ``(start value, spec)``; ``lr`` sets the optimizer's learning rate, any other name
     a scalar buffer that ``loss_module`` declares in its ``_schedulable_rules`` (``clip_range``, ``ref_kl_coef``,
-    ``behaviour_kl_coef``), checked over the whole schedule by the rule declared there.
+    ``behaviour_kl_coef``), checked over the whole schedule by the rule declared there. ``reference_reset`` (its
+    start unused) resets ``loss_module.ref_model`` to the trained ``loss_module.model`` (:class:`ReferenceReset`),
+    which needs the reference held as a separate copy of the same parameters (the testbed's; a hub model's reference
+    is its base with the adapters switched off, which cannot be reset).
     """
 
     def __init__(self, targets: dict[str, tuple[float, str]], loss_module, optimizer: torch.optim.Optimizer):
         self.loss_module, self.optimizer = loss_module, optimizer
+        targets = dict(targets)
+        reset = targets.pop("reference_reset", None)
+        self.reference_reset = None if reset is None else parse_reference_reset(reset[1], "schedule.reference_reset")
+        if self.reference_reset is not None:
+            self._reference_pairs()  # refused here, before the run, where the reference is not a separate copy
         rules = {"lr": SCHEDULED_LR, **getattr(type(loss_module), "_schedulable_rules", {})}
         for name in targets:
             if name not in rules or (name != "lr" and getattr(loss_module, name) is None):
@@ -116,27 +176,55 @@ class StepControl:
         }
 
     def apply(self, iteration: int) -> dict[str, float]:
-        """Set every controlled value for ``iteration``; returns them (for the metrics row)."""
+        """Set every controlled value for ``iteration``; returns them (for the metrics row, with
+        ``reference_resets`` so far when the reset is on)."""
         values = self.values(iteration)
         for name, value in values.items():
             if name == "lr":
                 set_learning_rate(self.optimizer, value)
             else:
                 setattr(self.loss_module, name, value)
-        return values
+        return values if self.reference_reset is None else {**values, "reference_resets": self.reference_reset.resets}
 
     def observe(self, metrics: dict[str, float]) -> None:
         """After an iteration: each adaptive coefficient ``*_kl_coef`` moves towards its target using the KL the
-        iteration measured (metric ``*_kl``)."""
+        iteration measured (metric ``*_kl``), and the reference is reset when :class:`ReferenceReset` says so."""
         for name, schedule in self.schedules.items():
             if isinstance(schedule, AdaptiveKLController):
                 schedule.update(metrics[name.removesuffix("_coef")])
+        if self.reference_reset is not None and self.reference_reset.due(metrics["ref_kl"]):
+            with torch.no_grad():
+                for reference, trained in self._reference_pairs():
+                    reference.copy_(trained)
+
+    def _reference_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(reference, trained) parameter pairs; a UsageError unless the reference is a separate copy."""
+        reference, trained = getattr(self.loss_module, "ref_model", None), self.loss_module.model
+        pairs = list(zip(reference.parameters(), trained.parameters())) if isinstance(reference, torch.nn.Module) else []
+        shared = {p.data_ptr() for p in trained.parameters()}
+        if (not pairs or len(pairs) != len(list(trained.parameters()))
+                or any(r.shape != t.shape or r.data_ptr() in shared for r, t in pairs)):
+            raise UsageError("schedule.reference_reset copies the trained policy into the reference of the KL, which "
+                             "must be a separate copy of its parameters (the testbed's); this task's reference is not.")
+        return pairs
 
     def state_dict(self) -> dict:
-        """The adaptive coefficients' values (schedules are functions of the iteration: nothing to save)."""
-        return {name: s.state_dict() for name, s in self.schedules.items() if isinstance(s, AdaptiveKLController)}
+        """The adaptive coefficients' values (schedules are functions of the iteration: nothing else to save) and,
+        with the reference reset on, its counters and, once reset, the reference's parameters."""
+        state = {name: s.state_dict() for name, s in self.schedules.items() if isinstance(s, AdaptiveKLController)}
+        reset = self.reference_reset
+        if reset is not None:
+            weights = [r.detach().clone() for r, _ in self._reference_pairs()] if reset.resets else []
+            state["reference_reset"] = {"since": reset.since, "resets": reset.resets, "reference": weights}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
         for name, value in state.items():
-            self.schedules[name].load_state_dict(value)
+            if name == "reference_reset":
+                self.reference_reset.since, self.reference_reset.resets = value["since"], value["resets"]
+                with torch.no_grad():
+                    for (reference, _), saved in zip(self._reference_pairs(), value["reference"]):
+                        reference.copy_(saved)
+            else:
+                self.schedules[name].load_state_dict(value)

@@ -14,7 +14,7 @@ from vgrpo_lib.integrations.testbed.rewards import DigitProbability, WeightedRew
 from vgrpo_lib.integrations.testbed.tasks import Task
 from vgrpo_lib.advantages import group_advantage
 from vgrpo_lib.control import AdaptiveKLController, Cosine, Linear, Piecewise, Warmup
-from vgrpo_lib.losses import AWMLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss
+from vgrpo_lib.losses import AWMLoss, DGPOLoss, DiffusionNFTLoss, FlowGRPOLoss, GRPOGuardLoss, VGRPOLoss
 from vgrpo_lib.rules import CLIP_RANGE, NON_NEGATIVE
 
 
@@ -101,7 +101,8 @@ def test_a_scheduled_value_is_declared_once_on_its_loss_with_its_rule():
                 FlowGRPOLoss: {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE},
                 GRPOGuardLoss: {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE},
                 AWMLoss: {"behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE},
-                DiffusionNFTLoss: {"ref_kl_coef": NON_NEGATIVE}}
+                DiffusionNFTLoss: {"ref_kl_coef": NON_NEGATIVE},
+                DGPOLoss: {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}}
     for loss, rules in declared.items():
         assert loss._schedulable_rules == rules and loss._all_schedulable_buffers == frozenset(rules)
     schedulable = {}
@@ -112,7 +113,8 @@ def test_a_scheduled_value_is_declared_once_on_its_loss_with_its_rule():
             schedulable[f"{name}.{key}"] = rule
     assert set(schedulable) == {"vgrpo.clip_range", "vgrpo.behaviour_kl_coef", "vgrpo.ref_kl_coef",
                                 "flow_grpo.clip_range", "flow_grpo.ref_kl_coef", "diffusion_nft.ref_kl_coef",
-                                "fpo.clip_range", "awm.behaviour_kl_coef", "awm.ref_kl_coef"}
+                                "fpo.clip_range", "awm.behaviour_kl_coef", "awm.ref_kl_coef", "dgpo.clip_range",
+                                "dgpo.ref_kl_coef"}
     model = torch.nn.Linear(2, 2)
     loss = FlowGRPOLoss(model, ref_model=model, ref_kl_coef=0.1)
     with pytest.raises(ValueError, match="ref_kl_coef must be >= 0, got -1"):
