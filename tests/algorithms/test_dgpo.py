@@ -229,6 +229,27 @@ def test_dgpo_trains_end_to_end_with_group_shared_pairs_on_the_first_grid_steps(
     assert trainer.metrics[-1]["nfe_update"] == 9
 
 
+@pytest.mark.parametrize(
+    "overrides, update_nfe",
+    [
+        # README Mode 2a: CFG-free rollout, the frozen base with CFG 4.5 in the preference and the KL, clip 1e-5:
+        # 4 pairs x (policy + base with CFG (2) + copy).
+        (["dgpo.reference_cfg_scale=4.5", "dgpo.ref_kl_coef=1e-3", "dgpo.clip_range=1e-5"], 16),
+        # Mode 2b: the soft-updated copy as the preference's reference (use_ema_ref), beta 2000: policy + copy.
+        (["dgpo.preference_reference=copy", "dgpo.beta=2000", "dgpo.clip_range=1e-5"], 8),
+        # Mode 1 (the default): rollout CFG 4.5, which doubles the rollout's evaluations.
+        (["dgpo.rollout_cfg_scale=4.5"], 12),
+    ],
+)
+def test_the_official_modes_train(overrides, update_nfe, tiny_config, tmp_path):
+    trainer = Trainer(tiny_config("dgpo", *overrides), tmp_path / "run", progress=False)
+    trainer.train()
+    row = trainer.metrics[-1]
+    assert np.isfinite(row["loss_objective"]) and row["nfe_update"] == update_nfe
+    assert row["nfe_rollout"] == 6 * (2 if "dgpo.rollout_cfg_scale=4.5" in overrides else 1)
+    assert (trainer.algorithm.reference is None) == ("dgpo.preference_reference=copy" in overrides)
+
+
 def test_rollouts_come_from_the_copy_after_copy_rollout_after(tiny_config, tmp_path):
     trainer = Trainer(tiny_config("dgpo", "dgpo.copy_rollout_after=3", "dgpo.clip_range=none"), tmp_path / "r",
                       progress=False)
