@@ -10,7 +10,8 @@
     vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
                                                    safetensors, with a model card; see vgrpo_lib.algorithms.export)
     vgrpo compress PATH ...                       (gzip the tables of the runs in PATH, e.g. a finished comparison
-                                                   kept in results/; every command reads them back unchanged)
+                                                   kept in results/, or the file PATH, e.g. its summary.json;
+                                                   every command reads them back unchanged)
     vgrpo config [--algo A] [--preset P] [--task T] [--format text|markdown|json]
                                                   (every config key with its value, type, allowed values, help and
                                                    algorithms: of one run, or of every algorithm without --algo)
@@ -40,7 +41,9 @@ from vgrpo_lib.algorithms.errors import (
 from vgrpo_lib.algorithms.presets import PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
-from vgrpo_lib.algorithms.run_dir import TABLES, RunDir, atomic_write_bytes, compressed_path
+from vgrpo_lib.algorithms.run_dir import (
+    COMPRESSED_SUFFIX, TABLES, RunDir, atomic_write_bytes, compress_file, compressed_path,
+)
 from vgrpo_lib.algorithms.tasks import TaskProtocolError, load_task, task_names
 from vgrpo_lib.integrations.tasks import resolve_task_name
 from vgrpo_lib.algorithms.trainer import RewardError, Trainer
@@ -156,11 +159,28 @@ def _config(args) -> int:
 
 def _compress(args) -> int:
     for path in map(Path, args.paths):
+        if path.is_file():
+            done = compress_file(_single_file_to_compress(path))
+            print(f"{path}: compressed to {done.path.name}, {done.bytes_before / 1e6:.2f} MB -> "
+                  f"{done.bytes_after / 1e6:.2f} MB")
+            continue
         runs = run_folders(path)
         done = [entry for run in runs for entry in RunDir(run).compress_tables()]
         before, after = sum(t.bytes_before for t in done), sum(t.bytes_after for t in done)
         print(f"{path}: {len(done)} tables of {len(runs)} runs compressed, {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
     return 0
+
+
+def _single_file_to_compress(path: Path) -> Path:
+    """``path`` if ``vgrpo compress`` may gzip it alone (a comparison's summary.json, a log): not already gzip'd,
+    and not a file a run reads only as it is (its config, lock and checkpoints)."""
+    if path.name.endswith(COMPRESSED_SUFFIX):
+        raise UsageError(f"{path} is already compressed.")
+    run = RunDir(path.parent.parent if path.parent.name == "checkpoints" else path.parent)
+    if run.exists() and (path in (run.config_path, run.lock_path) or path.parent == run.checkpoints):
+        raise UsageError(f"{path} is read by the run {run.root} only uncompressed (its config, lock and "
+                         f"checkpoints); `vgrpo compress {run.root}` compresses its tables.")
+    return path
 
 
 EVALUATION_TABLE_KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
@@ -252,8 +272,10 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     export.set_defaults(handler=_export)
 
     compress = commands.add_parser("compress", help="gzip the tables of the runs in a folder (metrics.csv, eval.csv, "
-                                   "eval.jsonl -> NAME.gz), read back unchanged by every command")
-    compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's --out)")
+                                   "eval.jsonl -> NAME.gz), or single files (a comparison's summary.json, "
+                                   "protocol.json), read back unchanged by every command")
+    compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's "
+                          "--out), or files")
     compress.set_defaults(handler=_compress)
 
     config = commands.add_parser("config", help="list the config keys with their values, types, allowed values, help "

@@ -5,7 +5,9 @@
     RUN_DIR/metrics.csv            one row per iteration (training metrics and costs)
     RUN_DIR/eval.csv               one row per evaluation (held-out seeds, CFG-free)
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
-    (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same)
+    (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same; any file kept
+                                   so by compress_file, e.g. a comparison's summary.json, reads back through
+                                   read_stored_text)
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, the metrics rows and
                                           evaluations so far, run_id (the newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id, and what
@@ -61,9 +63,9 @@ from vgrpo_lib.integrations.atomic import (
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = [
-    "CHECKPOINT_KEYS", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
-    "compressed_path", "config_differences", "made_by", "new_run_id", "run_environment", "pyplot", "read_csv",
-    "rows_to_csv", "save_figure",
+    "CHECKPOINT_KEYS", "COMPRESSED_SUFFIX", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir", "atomic_write_bytes", "atomic_write_text",
+    "compress_file", "compressed_path", "config_differences", "made_by", "new_run_id", "run_environment", "pyplot",
+    "read_csv", "read_stored_text", "rows_to_csv", "save_figure", "stored_path", "write_uncompressed_text",
 ]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
@@ -93,7 +95,8 @@ def rows_to_csv(rows: list[dict]) -> str:
 
 
 class CompressedTable(NamedTuple):
-    """A table :meth:`RunDir.compress_tables` compressed: its ``.gz`` and its size in bytes before and after."""
+    """A file :func:`compress_file` compressed (a run's table, a comparison's summary): its ``.gz`` and its size in
+    bytes before and after."""
 
     path: Path
     bytes_before: int
@@ -101,14 +104,49 @@ class CompressedTable(NamedTuple):
 
 
 def compressed_path(path: Path) -> Path:
-    """Where :meth:`RunDir.compress_tables` keeps the table ``path``: ``NAME.gz`` beside it."""
+    """Where :func:`compress_file` keeps the file ``path`` (a table, a summary): ``NAME.gz`` beside it."""
     return path.with_name(path.name + COMPRESSED_SUFFIX)
+
+
+def stored_path(path: Path) -> Path:
+    """The file that holds ``path``'s content: ``path`` itself, else its compressed copy (:func:`compressed_path`,
+    which need not exist either)."""
+    return path if path.exists() else compressed_path(path)
+
+
+def compress_file(path: Path) -> CompressedTable:
+    """Replace the file ``path`` by its gzip copy ``NAME.gz``, which :func:`read_stored_text` (and the table
+    readers) read back unchanged. The copy is written atomically, keeps ``path``'s modification time (when it was
+    made) and is checked against ``path``'s bytes before ``path`` is removed."""
+    data, written = path.read_bytes(), path.stat()
+    target = atomic_write_bytes(compressed_path(path), gzip.compress(data, compresslevel=9, mtime=0))
+    if gzip.decompress(target.read_bytes()) != data:
+        raise RunDirError(f"{target} does not read back as {path}; {path} is kept.")
+    os.utime(target, ns=(written.st_atime_ns, written.st_mtime_ns))
+    path.unlink()
+    return CompressedTable(target, len(data), target.stat().st_size)
+
+
+def write_uncompressed_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; its compressed copy, if any, is out of date then and removed."""
+    atomic_write_text(path, text)
+    compressed_path(path).unlink(missing_ok=True)
+
+
+def read_stored_text(path: Path) -> str:
+    """The text of ``path``, or of its compressed copy (:func:`compress_file`) when ``path`` is not there: how a
+    comparison's ``summary.json`` or ``protocol.json`` kept compressed in results/ is read. FileNotFoundError
+    naming both when neither exists; :class:`DamagedFileError` naming the file when it is not gzip'd text."""
+    found = _read_table_text(path, "text file")
+    if found is None:
+        raise FileNotFoundError(f"Neither {path} nor its compressed copy {compressed_path(path).name} exists.")
+    return found[1]
 
 
 def _read_table_text(path: Path, kind: str) -> tuple[Path, str] | None:
     """The file a table ``path`` is read from (``path``, else its compressed copy) and its text; None when neither
     exists. Bytes that are not such a file raise :class:`DamagedFileError` naming it (``kind``: e.g. "CSV file")."""
-    source = path if path.exists() else compressed_path(path)
+    source = stored_path(path)
     if not source.exists():
         return None
     data = source.read_bytes()
@@ -479,8 +517,7 @@ class RunDir:
 
     def _write_table(self, name: str, text: str) -> None:
         """Write a table atomically; its compressed copy, if any, is out of date then and removed."""
-        atomic_write_text(self.root / name, text)
-        compressed_path(self.root / name).unlink(missing_ok=True)
+        write_uncompressed_text(self.root / name, text)
 
     def read_jsonl(self, name: str) -> list[dict]:
         """The records of a JSON-lines table (each an object with an integer ``iteration`` whose every value is a number
@@ -506,25 +543,13 @@ class RunDir:
 
     def compress_tables(self) -> list[CompressedTable]:
         """Replace the run's tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that every reader here reads back
-        unchanged, to keep finished runs (as results/ does) at about 35-45% of the size. Each copy is written
-        atomically, keeps the table's modification time and is checked against its bytes before the table is
-        removed; a run in use by a live process is refused (under its lock); a table written again later (a
-        resumed run) replaces its copy."""
+        unchanged, to keep finished runs (as results/ does) at about 35-45% of the size (:func:`compress_file`:
+        each copy keeps the table's modification time and is checked before the table is removed); a run in use
+        by a live process is refused (under its lock); a table written again later (a resumed run) replaces its
+        copy."""
         self.lock()
         try:
-            done = []
-            for name in TABLES:
-                path = self.root / name
-                if not path.exists():
-                    continue
-                data, written = path.read_bytes(), path.stat()
-                target = atomic_write_bytes(compressed_path(path), gzip.compress(data, compresslevel=9, mtime=0))
-                if gzip.decompress(target.read_bytes()) != data:
-                    raise RunDirError(f"{target} does not read back as {path}; {path} is kept.")
-                os.utime(target, ns=(written.st_atime_ns, written.st_mtime_ns))  # when the run wrote it
-                path.unlink()
-                done.append(CompressedTable(target, len(data), target.stat().st_size))
-            return done
+            return [compress_file(self.root / name) for name in TABLES if (self.root / name).exists()]
         finally:
             self.unlock()
 

@@ -11,7 +11,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks.compare import build, run_name, start_or_resume
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run it with ``argv`` (default: the command line's arguments)."""
     argv = [__name__, *(sys.argv[1:] if argv is None else argv)]
     HERE, OUT = Path("results/compare-mnist-sd3-ocr"), Path(argv[1])
-    protocol = json.loads((HERE / "protocol.json").read_text())
+    protocol = json.loads(read_stored_text(HERE / "protocol.json"))
     chosen = protocol["chosen"]["vgrpo"]
     KEYS = ("reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity")
     finals = {"without EMA": [], "EMA 0.9": []}

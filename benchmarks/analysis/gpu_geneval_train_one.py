@@ -1,5 +1,5 @@
 """One reported run of the MNIST-SD3 GenEval comparison at a longer budget: the setting the comparison's protocol
-chose for VARIANT (``results/compare-mnist-sd3-geneval/protocol.json``: tuned on seed 100 at 40 iterations, fixed
+chose for VARIANT (``results/compare-mnist-sd3-geneval/protocol.json``, kept compressed as ``.gz``: tuned on seed 100 at 40 iterations, fixed
 before any reported run) unless ``--step-control`` and ``--lr`` name another of its tuning grid, seed SEED,
 ITERATIONS iterations, evaluated every 25, on ``--device`` (default cuda). Everything else is the comparison's
 config (``vgrpo_lib.benchmarks.compare.build``), so a run differs from the comparison's reported run of the same seed only
@@ -14,6 +14,7 @@ import sys
 import argparse
 import json
 from pathlib import Path
+from vgrpo_lib.algorithms.run_dir import read_stored_text
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks.compare import build
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv[1:])
-    protocol = json.loads(PROTOCOL.read_text())
+    protocol = json.loads(read_stored_text(PROTOCOL))
     chosen = protocol["chosen"][args.variant]
     control, lr = args.step_control or chosen["step_control"], args.lr or chosen["lr"]
     if control not in protocol["step_controls"][args.variant] or lr not in protocol["learning_rates"]:

@@ -2,7 +2,7 @@
 on the tuning seed by the training-reward target (``vgrpo_lib.benchmarks.compare.selection_key``, ``by="training"``);
 the training reward is scored on each algorithm's own rollout, which is not neutral between samplers
 (``first_iteration_rewards.txt``), while the held-out evaluation is one ODE sampler for all. This reads every kept
-comparison's tuning results (``summary.json``: one row per setting, no training) and prints, per algorithm, the
+comparison's tuning results (``summary.json``, or its compressed copy: one row per setting, no training) and prints, per algorithm, the
 setting chosen by each target, the held-out time to target of both on the tuning seed and their final held-out
 reward there. A comparison whose choices all agree would report the same runs under either selection.
 
@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from vgrpo_lib.algorithms.run_dir import read_stored_text
 from vgrpo_lib.benchmarks.analysis import results_parser
 from vgrpo_lib.benchmarks.compare import selection_key
 
@@ -28,11 +29,11 @@ def _describe(name: str, row: dict) -> str:
 
 
 def heldout_selection(results: Path) -> str:
-    """The report over every ``results/*/summary.json`` selected by the training target. A recorded choice that is
-    not the training key's is a ValueError naming the file."""
+    """The report over every ``results/*/summary.json`` (or ``summary.json.gz``) selected by the training target. A
+    recorded choice that is not the training key's is a ValueError naming the file."""
     lines, changed = [], 0
-    for summary_path in sorted(results.glob("*/summary.json")):
-        summary = json.loads(summary_path.read_text())
+    for summary_path in sorted({path.parent / "summary.json" for path in results.glob("*/summary.json*")}):
+        summary = json.loads(read_stored_text(summary_path))
         protocol = summary.get("protocol", {})
         if "heldout" not in protocol or "tuning" not in summary:
             continue  # kept without the held-out target (its runs' tables were not kept) or before the protocol

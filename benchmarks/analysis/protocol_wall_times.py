@@ -1,5 +1,6 @@
 """Wall-clock of each protocol comparison whose runs' tables are kept: from its first run's config.json to its
-summary.json (file times; a git checkout resets them, so run this on the machine that made the runs).
+summary.json (or its compressed copy, which keeps its time; file times: a git checkout resets them, so run this on the
+machine that made the runs).
 
     python -m vgrpo_lib.benchmarks.analysis.protocol_wall_times > results/protocol_wall_times.txt
 """
@@ -11,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from vgrpo_lib.algorithms.run_dir import stored_path
 from vgrpo_lib.benchmarks.analysis import results_parser
 
 __all__ = ["main", "protocol_wall_times"]
@@ -21,10 +23,11 @@ def protocol_wall_times(results: Path) -> str:
     the summary, and the UTC clock times of both."""
     lines = []
     for folder in sorted(results.glob("protocol-*/")):
-        if not (folder / "runs").is_dir() or not (folder / "summary.json").exists():
+        summary = stored_path(folder / "summary.json")
+        if not (folder / "runs").is_dir() or not summary.exists():
             continue
         start = min(os.path.getmtime(run / "config.json") for run in (folder / "runs").iterdir())
-        end = os.path.getmtime(folder / "summary.json")
+        end = os.path.getmtime(summary)
         clock = [datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%H:%M:%S") for t in (start, end)]
         lines.append(f"{folder.name}: {(end - start) / 60:.0f} min ({clock[0]} to {clock[1]} UTC)")
     return "".join(line + "\n" for line in lines)

@@ -1,7 +1,8 @@
 """Do a comparison's reported runs, made again in a later session, repeat the earlier session's? Prints each
 earlier seed's final held-out evaluation from the folder's runs beside the earlier summary's, and the mean
 seconds per iteration of both (the machines differed), for every algorithm whose chosen setting is the same in
-both (a rerun selected by the held-out target may choose another). The earlier summaries are the ones committed
+both (a rerun selected by the held-out target may choose another). A summary is read as it is or from its compressed
+copy (``summary.json.gz``, as results/ keeps it), so the commands below name ``summary.json`` either way. The earlier summaries are the ones committed
 before the reruns (ocr at 7e6e3aa, rerun in session 14; geneval at 6307a69, rerun in session 15), or the original
 comparison of a held-out-selected rerun:
 
@@ -22,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
 from vgrpo_lib.benchmarks.compare import run_name
 
 __all__ = ["main", "repeat_check"]
@@ -32,7 +33,7 @@ KEYS = (("final_eval_reward", "reward_mean"), ("final_accuracy", "accuracy"), ("
 
 def repeat_check(folder: Path, earlier: dict) -> str:
     """The comparison in ``folder`` (its ``summary.json`` and runs) against the ``earlier`` summary."""
-    now = json.loads((folder / "summary.json").read_text())
+    now = json.loads(read_stored_text(folder / "summary.json"))
     lines = []
     for variant, chosen in earlier["protocol"]["chosen"].items():
         if now["protocol"]["chosen"].get(variant) != chosen:
@@ -54,9 +55,10 @@ def repeat_check(folder: Path, earlier: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="the comparison made again (its summary.json and runs/)")
-    parser.add_argument("earlier", type=Path, help="the earlier session's summary.json")
+    parser.add_argument("earlier", type=Path, help="the earlier session's summary.json (or the path of one kept as "
+                        "summary.json.gz)")
     args = parser.parse_args(argv)
-    sys.stdout.write(repeat_check(args.folder, json.loads(args.earlier.read_text())))
+    sys.stdout.write(repeat_check(args.folder, json.loads(read_stored_text(args.earlier))))
     return 0
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text
+from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, write_uncompressed_text
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks.compare.protocol import (
     LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_selection, check_variants,
@@ -27,8 +27,10 @@ __all__ = [
     "COMPARISON_ENTRIES", "FinishedRun", "check_comparison_folder", "finished_run", "run_compare", "start_or_resume",
 ]
 
-# What a comparison writes into its folder (besides its plots, *.png).
-COMPARISON_ENTRIES = frozenset({"runs", "protocol.json", "summary.json", "summary.md"})
+# What a comparison writes into its folder (besides its plots, *.png); its protocol and summary may be kept compressed
+# (`vgrpo compress DIR/summary.json`, as results/ keeps them), and a continued comparison writes them afresh.
+COMPARISON_ENTRIES = frozenset({"runs", "protocol.json", "summary.json", "summary.md", "protocol.json.gz",
+                                "summary.json.gz"})
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
                 "overrides": list(overrides or []), "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
-    atomic_write_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
+    write_uncompressed_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
     print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
 
     runs, curves = {}, {}
@@ -146,7 +148,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
                "algorithms": {v: aggregate_seeds(r) | protocol["chosen"][v] for v, r in runs.items()},
                "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_uncompressed_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(out / "summary.md", markdown_table(summary))
     for x_key, label in (("train_seconds", "wall-clock seconds"), ("nfe_cumulative", "NFE per sample"),
                          ("grad_steps", "gradient steps")):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import vgrpo_lib.benchmarks.analysis as analysis
+from vgrpo_lib.algorithms.run_dir import read_stored_text
 from vgrpo_lib.benchmarks.analysis.comparison_gaps import comparison_gaps
 from vgrpo_lib.benchmarks.analysis.cpu_vs_gpu import cpu_vs_gpu
 from vgrpo_lib.benchmarks.analysis.first_iteration_rewards import first_iteration_rewards
@@ -38,9 +39,9 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "gpu-run/cpu_vs_gpu.txt": lambda: cpu_vs_gpu(RESULTS),
     "gpu-geneval/summary.txt": lambda: gpu_geneval_summary(RESULTS),
     "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
-        RESULTS / "compare-mnist-sd3-digit-heldout", json.loads((RESULTS / "compare-mnist-sd3-digit/summary.json").read_text())),
+        RESULTS / "compare-mnist-sd3-digit-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit/summary.json"))),
     "compare-mnist-sd3-ocr-heldout/repeat_check.txt": lambda: repeat_check(
-        RESULTS / "compare-mnist-sd3-ocr-heldout", json.loads((RESULTS / "compare-mnist-sd3-ocr/summary.json").read_text())),
+        RESULTS / "compare-mnist-sd3-ocr-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-ocr/summary.json"))),
 }
 
 

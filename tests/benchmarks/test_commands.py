@@ -81,6 +81,19 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert capsys.readouterr().out.count("(read back)") == 10 and not list(tmp_path.glob("runs/*/metrics.csv"))
+    # Its protocol and summary compressed as well (as results/ keeps them): read back the same, and a comparison
+    # continued there re-summarises it, writing both afresh (the copies, now out of date, removed).
+    from vgrpo_lib.algorithms.run_dir import read_stored_text
+
+    assert cli_main(["compress", str(tmp_path / "summary.json"), str(tmp_path / "protocol.json")]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'summary.json'}: compressed to summary.json.gz, ")
+    assert not (tmp_path / "summary.json").exists() and json.loads(read_stored_text(tmp_path / "summary.json")) == summary
+    assert json.loads(read_stored_text(tmp_path / "protocol.json")) == protocol
+    run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
+                learning_rates=(1e-3,), overrides=tiny, iterations=3)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert json.loads((tmp_path / "protocol.json").read_text()) == protocol and not list(tmp_path.glob("*.gz"))
+    assert capsys.readouterr().out.count("(read back)") == 10
     # A run cut before its last evaluation was written is not finished (it would resume from its checkpoint).
     from vgrpo_lib.benchmarks.compare import finished_run
 
