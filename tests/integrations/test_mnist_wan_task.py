@@ -137,6 +137,21 @@ def test_vgrpo_on_mnist_wan_checkpoints_lora_only_resumes_exactly_and_samples(tm
     assert data["labels"].tolist() == [motion_label(p) for p in data["prompts"]]
 
 
+@pytest.mark.slow
+def test_a_short_vgrpo_run_on_the_shipped_pipeline_raises_the_held_out_reward(tmp_path):
+    """Video RL learns: 10 V-GRPO iterations at the preset's settings (8 prompts x 8 clips, lr 1e-3) on the SHIPPED
+    MNIST-Wan weights raise the held-out motion reward (120 clips, 10 Euler steps, the same noise before and after:
+    paired). Measured on this machine: reward 0.386 -> 0.507 (+0.121), judge accuracy 0.483 -> 0.558 (the main job
+    goes on to 0.829 in 40 iterations, results/mnist-wan/main-job/); asserted: at least half the measured reward gain
+    (+0.06) and no drop in the judge's accuracy."""
+    short = ["iterations=10", "eval.per_prompt=1", "eval.num_steps=10", "eval.every=0", "checkpoint_every=10", "seed=0"]
+    evaluations = Trainer(build_config("vgrpo", None, "mnist-wan", short), tmp_path / "run", progress=False).train()
+    base, trained = evaluations[0], evaluations[-1]
+    assert base["iteration"] == 0 and trained["iteration"] == 10
+    assert trained["reward_mean"] >= base["reward_mean"] + 0.06
+    assert trained["judge_accuracy"] >= base["judge_accuracy"]
+
+
 def test_export_writes_a_lora_that_wan_pipeline_loads(tmp_path):
     """``vgrpo export`` of a one-iteration run at a large learning rate: ``WanPipeline.from_pretrained(shipped)``
     with ``load_lora_weights(out)`` makes other clips than the base pipeline from the same noise."""
