@@ -3,6 +3,8 @@
     vgrpo compare [--preset mnist-sd3] [--quick] [--seeds N] [--task digit] [--variants A B ...] --out DIR
                                                                       the controlled comparison
     vgrpo estimators [--preset mnist-sd3] [--quick] [--task digit] --out DIR   the estimator lab (+ ground truth)
+    vgrpo estimators --recommend [--task digit] --out DIR [key=value ...]
+                                                                      a pilot that picks sharing and K before training
     vgrpo ablations [--preset mnist-sd3] [--set paper|regime] [--seeds N] [--quick] --out DIR
                                                                       training-level ablations / regime map
     vgrpo reward-server --reward NAME [--host H] [--port P] [--max-batch N] [--device D]
@@ -40,6 +42,14 @@ def _compare(args) -> int:
 
 
 def _estimators(args) -> int:
+    if args.recommend:
+        from vgrpo_lib.benchmarks.estimator_rule import run_pilot
+
+        report = run_pilot(args.out, task=args.task, preset=args.preset, overrides=args.overrides)
+        for name in ("vgrpo", "vgrpo_without_sharing"):
+            print(f"{name:<22} gradient cosine {report['mean'][name]['gradient_cosine']:.3f}")
+        print("recommended:", " ".join(f"{key}={value}" for key, value in report["recommendation"].items()))
+        return 0
     from vgrpo_lib.benchmarks.estimator_lab import run_lab
 
     run_lab(args.out, quick=args.quick, task=args.task, preset=args.preset, overrides=args.overrides)
@@ -80,6 +90,9 @@ def _estimators_arguments(estimators: argparse.ArgumentParser) -> None:
     estimators.add_argument("--preset", choices=BENCHMARK_PRESETS, default="testbed", help="the model of the rollout")
     estimators.add_argument("--task", default="digit", help=training_cli.task_help())
     estimators.add_argument("--quick", action="store_true")
+    estimators.add_argument("--recommend", action="store_true",
+                            help="instead of the lab: a pilot on the base policy at the training batch shape that "
+                                 "recommends vgrpo.sharing and vgrpo.num_pairs (vgrpo_lib.benchmarks.estimator_rule)")
     estimators.add_argument("--out", required=True)
     estimators.add_argument("overrides", nargs="*", help="config overrides of the rollout's task and model")
 
