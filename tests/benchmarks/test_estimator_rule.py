@@ -33,7 +33,7 @@ def cosines(with_sharing: float, without_sharing: float) -> dict:
 def test_the_rule_picks_the_cell_that_trained_better_on_both_tasks():
     # results/regime-rule: the pilots' mean cosines (with, without sharing). Training: no sharing ends higher on the
     # toy (0.955 vs 0.929), sharing on digit (0.951 vs 0.860), and K = 8 on digit (0.984 vs 0.951).
-    assert recommend_estimator(cosines(0.784, 0.905)) == {"vgrpo.sharing": "none", "vgrpo.num_pairs": 4}
+    assert recommend_estimator(cosines(0.800, 0.902)) == {"vgrpo.sharing": "none", "vgrpo.num_pairs": 4}
     assert recommend_estimator(cosines(0.576, 0.494)) == {"vgrpo.sharing": "group", "vgrpo.num_pairs": 8}
 
 
