@@ -20,6 +20,7 @@ from vgrpo_lib.benchmarks.analysis.first_iteration_rewards import first_iteratio
 from vgrpo_lib.benchmarks.analysis.geneval_table import geneval_table
 from vgrpo_lib.benchmarks.analysis.gpu_geneval_summary import gpu_geneval_summary
 from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
+from vgrpo_lib.benchmarks.analysis.iteration_budget import iteration_budget
 from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
@@ -38,6 +39,7 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "mnist-sd3/main-geneval/geneval_table.md": lambda: geneval_table(RESULTS / "mnist-sd3" / "main-geneval"),
     "gpu-run/cpu_vs_gpu.txt": lambda: cpu_vs_gpu(RESULTS),
     "gpu-geneval/summary.txt": lambda: gpu_geneval_summary(RESULTS),
+    "iteration-budget/budget.txt": lambda: iteration_budget(RESULTS),
     "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
         RESULTS / "compare-mnist-sd3-digit-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit/summary.json"))),
     "compare-mnist-sd3-ocr-heldout/repeat_check.txt": lambda: repeat_check(
@@ -78,7 +80,7 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 25  # the 24 scripts results/ held, and training_speed
+    assert len(names) == 26  # the 24 scripts results/ held, training_speed and iteration_budget
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
