@@ -14,3 +14,12 @@ vgrpo estimators --recommend --task digit --out "$OUT/digit"
 vgrpo estimators --recommend --task pair --out "$OUT/pair"
 vgrpo ablations --set paper --task custom_task:make_task --seeds 5 --cells k8 --out "$OUT/toy-none-k8" \
   optim.lr=3e-3 "${TOY[@]}" eval.per_prompt=512 eval.num_steps=10 log.backend=csv vgrpo.sharing=none
+# Two more batch shapes of the toy (the same 64 samples per iteration): the pilot, then both cells trained.
+for shape in "2 32" "16 4"; do
+  set -- $shape
+  vgrpo estimators --recommend --task custom_task:make_task --out "$OUT/toy-p$1-g$2" \
+    prompts_per_iteration=$1 group_size=$2 rollout.num_steps=10
+  vgrpo ablations --set paper --task custom_task:make_task --seeds 5 --cells vgrpo without_sharing \
+    --out "$OUT/toy-p$1-g$2" optim.lr=3e-3 prompts_per_iteration=$1 group_size=$2 rollout.num_steps=10 \
+    eval.per_prompt=512 eval.num_steps=10 log.backend=csv
+done
