@@ -12,9 +12,9 @@ of its base policy at the training batch shape (prompts x group size), without a
   adds noise. With zero-sum advantages the group's common noise cancels, but noise shared by samples of *equal*
   sign of advantage adds up: on a 2-D toy the samples of one mode respond alike to a shared noise;
 - ``noise_correlation`` (:func:`within_group_noise_correlation`): the plain within-group correlation of the
-  surrogates' Monte-Carlo noise under shared pairs (what sharing exploits; positive on both tasks measured, so
+  surrogates' Monte-Carlo noise under shared pairs (what sharing exploits; positive on every task measured, so
   alone it does not say whether sharing helps);
-- ``within_group_cv`` (:func:`vgrpo_lib.diagnostics.within_group_cv`; sharing lowers it on both tasks measured,
+- ``within_group_cv`` (:func:`vgrpo_lib.diagnostics.within_group_cv`; sharing lowers it on every task measured,
   so it does not decide either) and ``flat_group_share``, the share of groups whose rewards are all equal.
 
 :func:`recommend_estimator` turns the pilot's gradient agreements into config overrides (the rule and where its
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from vgrpo_lib import ELBOSurrogate
+from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.tasks import load_task
@@ -64,11 +65,15 @@ AGREEMENT_TARGET = 0.7
 K = 4 (cosine 0.58) -> K = 8 (0.73) raised the final reward 0.951 -> 0.984; on the toy, with sharing, 0.80 -> 0.86
 gave 0.929 -> 0.941 and without sharing (cosine 0.90 at K = 4) 0.955 -> 0.959, within the seed spread."""
 
-def _check_surrogates(draws: torch.Tensor, advantage: torch.Tensor) -> None:
+
+def _check_surrogates(draws: torch.Tensor, per_sample: torch.Tensor, name: str) -> None:
+    """``draws`` must be ``(R, N)`` with R >= 2 and ``per_sample`` (called ``name``) ``(N,)``."""
     if not isinstance(draws, torch.Tensor) or draws.ndim != 2 or draws.shape[0] < 2:
-        raise ValueError(f"draws must be an (R, N) tensor with R >= 2 draws, got {getattr(draws, 'shape', type(draws))}.")
-    if not isinstance(advantage, torch.Tensor) or tuple(advantage.shape) != (draws.shape[1],):
-        raise ValueError(f"advantage must be (N,) = ({draws.shape[1]},), got {getattr(advantage, 'shape', None)}.")
+        shape = getattr(draws, "shape", type(draws))
+        raise ValueError(f"draws must be an (R, N) tensor with R >= 2 draws, got {shape}.")
+    if not isinstance(per_sample, torch.Tensor) or tuple(per_sample.shape) != (draws.shape[1],):
+        shape = getattr(per_sample, "shape", type(per_sample))
+        raise ValueError(f"{name} must be an (N,) = ({draws.shape[1]},) tensor, got {shape}.")
 
 
 def sharing_noise_factor(draws: torch.Tensor, advantage: torch.Tensor) -> float:
@@ -76,7 +81,7 @@ def sharing_noise_factor(draws: torch.Tensor, advantage: torch.Tensor) -> float:
     pairs and advantages ``A`` ``(N,)``: the noise of the advantage-weighted objective relative to what independent
     pairs (same marginal draw per sample, no covariance between samples) would give. 1 + the advantage-weighted
     sum of the within-group noise covariances over the independent noise; below 1 sharing cancels noise."""
-    _check_surrogates(draws, advantage)
+    _check_surrogates(draws, advantage, "advantage")
     draws, advantage = draws.double(), advantage.double()
     independent = (advantage.square() * draws.var(0)).sum()
     return ((draws @ advantage).var() / independent.clamp_min(1e-30)).item()
@@ -86,9 +91,7 @@ def within_group_noise_correlation(draws: torch.Tensor, group: torch.Tensor) -> 
     """Mean correlation, over draws, of the Monte-Carlo noise of two different samples of one group (all pairs
     ``i != j`` of every group), for surrogates ``draws`` ``(R, N)`` and ``group`` ``(N,)``; near 0 under
     independent pairs, up to 1 when shared pairs move every member's surrogate alike."""
-    if not isinstance(group, torch.Tensor):
-        raise ValueError(f"group must be an (N,) tensor of group ids, got {type(group).__name__}.")
-    _check_surrogates(draws, group.double())
+    _check_surrogates(draws, group, "group")
     noise = draws.double() - draws.double().mean(0)
     unit = noise / noise.norm(dim=0).clamp_min(1e-30)
     correlation = unit.T @ unit
@@ -105,7 +108,8 @@ def flat_group_share(advantage: torch.Tensor, group: torch.Tensor) -> float:
 
 
 def pilot_measurements(task, *, prompts: int, group_size: int, rollout_steps: int, rollouts: int = 3,
-                       gradient_draws: int = 8, surrogate_draws: int = 32, seed: int = 0, config=None) -> dict:
+                       gradient_draws: int = 8, surrogate_draws: int = 32, seed: int = 0,
+                       config: TrainConfig | None = None) -> dict:
     """The pilot on ``task``'s base policy: ``rollouts`` rollouts of ``prompts`` x ``group_size`` samples (the
     training batch shape) with ``rollout_steps`` ODE steps, each measured with every design of
     :data:`PILOT_DESIGNS` over ``gradient_draws`` gradient and ``surrogate_draws`` surrogate draws of pairs.
@@ -114,6 +118,10 @@ def pilot_measurements(task, *, prompts: int, group_size: int, rollout_steps: in
     ``reward``, see :func:`vgrpo_lib.benchmarks.estimator_lab.rollout`); ``config`` the TrainConfig whose rollout
     settings apply (the task's testbed defaults for None). Returns ``{"rollouts": [{design: {statistic: value},
     "flat_group_share": x}, ...], "mean": {design: {statistic: mean over rollouts}, "flat_group_share": x}}``."""
+    for name, value, least in (("rollouts", rollouts, 1), ("gradient_draws", gradient_draws, 2),
+                               ("surrogate_draws", surrogate_draws, 2)):
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"pilot_measurements' {name} must be an integer >= {least}, got {value!r}.")
     if config is None:
         config = build_config("vgrpo", None, "testbed", [])
     per_rollout = []

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from vgrpo_lib.benchmarks.cli import main
 from vgrpo_lib.benchmarks.estimator_rule import (
     PILOT_DESIGNS,
+    pilot_measurements,
     recommend_estimator,
     run_pilot,
     sharing_noise_factor,
@@ -90,6 +91,15 @@ def test_the_noise_statistics_on_constructed_draws():
     assert sharing_noise_factor(aligned, advantage) > 3.0
     with pytest.raises(ValueError, match="advantage"):
         sharing_noise_factor(independent, advantage[:5])
+    with pytest.raises(ValueError, match="group"):
+        within_group_noise_correlation(independent, group[:5])
+    with pytest.raises(ValueError, match="at least two samples"):
+        within_group_noise_correlation(independent, torch.arange(32))
+
+
+def test_a_pilot_without_rollouts_is_a_value_error_naming_the_argument():
+    with pytest.raises(ValueError, match="rollouts"):
+        pilot_measurements(object(), prompts=2, group_size=4, rollout_steps=2, rollouts=0)
 
 
 def test_the_pilot_on_the_toy_finds_that_sharing_costs_there(tmp_path, monkeypatch):
