@@ -38,7 +38,7 @@ from vgrpo_lib.algorithms.errors import (
     EXIT_DAMAGED, EXIT_FILESYSTEM, EXIT_RUN_DIR, EXIT_TRAINING, EXIT_USAGE, DamagedFileError, DivergenceError,
     RunDirError, UsageError, filesystem_message, path_message,
 )
-from vgrpo_lib.algorithms.presets import PRESETS, build_config
+from vgrpo_lib.algorithms.presets import BEYOND_PAPER, PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
 from vgrpo_lib.algorithms.run_dir import (
@@ -236,7 +236,8 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a policy on a task (testbed, pipeline preset, hub model or your own)")
-    train.add_argument("--algo", choices=ALGORITHMS, default=None, help="the algorithm (default: vgrpo)")
+    train.add_argument("--algo", choices=[*ALGORITHMS, *BEYOND_PAPER], default=None,
+                       help="the algorithm (default: vgrpo); vgrpo+ is the library's own V-GRPO, beyond the paper")
     train.add_argument("--task", default=None, help=task_help())
     train.add_argument("--preset", choices=PRESETS, default=None, help="the run's preset (default: testbed)")
     train.add_argument("--out", required=True, help="run directory (refused if it exists, unless --resume)")
@@ -280,7 +281,7 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
 
     config = commands.add_parser("config", help="list the config keys with their values, types, allowed values, help "
                                  "and algorithms (of one run with --algo/--preset/--task; else every key)")
-    config.add_argument("--algo", choices=ALGORITHMS, default=None, help="the run's algorithm (default vgrpo when "
+    config.add_argument("--algo", choices=[*ALGORITHMS, *BEYOND_PAPER], default=None, help="the run's algorithm (default vgrpo when "
                         "--preset or --task is given; none of the three: every key of every algorithm)")
     config.add_argument("--preset", choices=PRESETS, default=None, help="the run's preset (default testbed)")
     config.add_argument("--task", default=None, help=task_help())

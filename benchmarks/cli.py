@@ -35,6 +35,8 @@ def _compare(args) -> int:
     from vgrpo_lib.benchmarks.compare import run_compare
 
     kwargs = {} if args.variants is None else {"variants": tuple(args.variants)}
+    if args.learning_rates is not None:
+        kwargs["learning_rates"] = tuple(args.learning_rates)
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
                           iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select, **kwargs)
     print(open(f"{args.out}/summary.md").read())
@@ -80,6 +82,9 @@ def _compare_arguments(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (vgrpo_lib.benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
     compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
+    compare.add_argument("--learning-rates", type=float, nargs="+", default=None, metavar="LR",
+                         help="the tuning grid, the same for every algorithm (default: "
+                              "vgrpo_lib.benchmarks.compare.LEARNING_RATES, 1e-4 3e-4 1e-3)")
     compare.add_argument("--select", choices=tuple(SELECTIONS), default="training",
                          help="the target whose time selects each algorithm's setting on the tuning seed")
     compare.add_argument("--out", required=True)

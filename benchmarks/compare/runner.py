@@ -92,6 +92,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     if iterations is not None and iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {iterations}.")
     check_variants(variants)
+    if not learning_rates or any(not lr > 0 for lr in learning_rates) or len(set(learning_rates)) < len(learning_rates):
+        raise UsageError(f"--learning-rates must be distinct positive numbers, got {list(learning_rates)}.")
     out = Path(out)
     check_comparison_folder(out)
     iterations = iterations if iterations is not None else (30 if quick else 80)

@@ -103,7 +103,7 @@ def test_a_key_of_another_algorithm_is_refused_naming_the_algorithms_that_use_it
 
 def test_an_option_the_algorithm_ignores_is_refused_naming_the_algorithms_that_use_it():
     message = ("rollout.solver is not used by flow_grpo (its rollout is its own SDE sampler); it is used by vgrpo, "
-               "diffusion_nft, fpo, awm.")
+               "diffusion_nft, fpo, awm, dgpo.")
     for solver in ("heun", "euler"):  # euler is the default: refused all the same when set
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             build_config("flow_grpo", None, "testbed", [f"rollout.solver={solver}"])
