@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vgrpo_lib.algorithms.config import TrainConfig
-from vgrpo_lib.algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS, build_config
+from vgrpo_lib.algorithms.presets import BEYOND_PAPER, OFFICIAL_ON_PIPELINE, PRESETS, build_config
 from vgrpo_lib.errors import UsageError
 
 __all__ = [
@@ -56,7 +56,7 @@ VARIANTS: dict[str, Variant] = {
     }),
     # vgrpo+ (BEYOND_PAPER: K = 8, beyond the paper) over the same controls as V-GRPO's, plus a third epoch (where
     # the ratio clip starts to bind on MNIST-SD3 digit, results/iteration-budget/); its soft clip is tuned away too.
-    "vgrpo+": Variant("vgrpo+", ("vgrpo.ref_kl_coef=none",), {
+    "vgrpo+": Variant(BEYOND_PAPER["vgrpo+"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+"][1]), {
         **_VGRPO_STEPS,
         "three_epochs": ("optim.epochs=3", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
     }),

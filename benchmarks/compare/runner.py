@@ -106,13 +106,17 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) + seeds)
     counter = itertools.count(1)
 
-    def train(variant: str, seed: int, lr: float, control: str) -> Trainer | FinishedRun:
+    def train(variant: str, seed: int, lr: float, control: str) -> FinishedRun:
+        """One run, trained or read back, kept as its records only: a trainer holds its model (a whole pipeline on
+        the hub path, hundreds of MB), and a comparison of 36 runs would hold them all."""
         config = build(variant, task, seed, lr, control, extra, pipeline)
         start = time.monotonic()
         run = start_or_resume(config, out / "runs" / run_name(variant, control, lr, seed))
+        how = "read back"
         if isinstance(run, Trainer):
             run.train()
-        how = "read back" if isinstance(run, FinishedRun) else f"{(time.monotonic() - start) / 60:.1f} min"
+            how = f"{(time.monotonic() - start) / 60:.1f} min"
+            run = FinishedRun(run.metrics, run.evaluations)
         print(f"[{next(counter)}/{total}] {variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
               f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
         return run

@@ -181,3 +181,29 @@ def test_scaling_times_one_and_two_processes(tmp_path):
         assert all(value > 0 for value in result["seconds_per_iteration"].values())
         assert {"rollout_s", "reward_s", "update_s"} <= set(result["phases_s"]["2"])
         assert result["global_batch"] == 16 and result["overrides"][-1] == f"distributed.strategy={strategy}"
+
+
+def test_a_comparison_keeps_each_run_as_its_records_not_its_trainer(tmp_path, monkeypatch):
+    """A trainer holds its model (a whole pipeline on the hub path): once a run is trained, the comparison keeps
+    only its metrics and evaluations, so its memory stays that of one run (a 36-run MNIST-Wan comparison held 9 GB
+    after 13 runs before this)."""
+    import gc
+    import weakref
+
+    from vgrpo_lib.benchmarks.compare import runner
+
+    trainers = []
+
+    def tracked(config, run_dir):
+        gc.collect()
+        assert all(ref() is None for ref in trainers), "an earlier run's trainer is still alive"
+        run = start_or_resume(config, run_dir)
+        trainers.append(weakref.ref(run))
+        return run
+
+    start_or_resume = runner.start_or_resume
+    monkeypatch.setattr(runner, "start_or_resume", tracked)
+    tiny = ["prompts_per_iteration=2", "group_size=4", "rollout.num_steps=2", "eval.per_prompt=1", "eval.num_steps=2"]
+    run_compare(tmp_path, task="digits8", seeds=1, quick=True, variants=("vgrpo",), learning_rates=(1e-3,),
+                overrides=tiny, iterations=1)
+    assert len(trainers) == 4  # three tuning runs and one reported, each checked gone before the next started
