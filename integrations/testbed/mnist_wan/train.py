@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from vgrpo_lib.errors import UsageError
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.data import load_mnist
@@ -252,6 +253,10 @@ def train(work: Path, log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dic
     classifier = load_pretrained("classifier")
     state = torch.load(state_path, weights_only=False) if state_path.exists() else {"stage": "vae", "step": 0}
     log(f"state: stage {state['stage']} step {state['step']} (torch threads {torch.get_num_threads()})")
+    if state["stage"] in ("flow", "done") and state["step"] > flow_recipe["steps"]:
+        raise UsageError(f"{state_path} holds flow step {state['step']}, past the {flow_recipe['steps']} flow steps asked "
+                         f"for: pass --flow-steps {state['step']} or more to continue it, or ship an earlier snapshot "
+                         f"with --finish-step (snapshots/flow_STEP.pt).")
     flow_modules = {"transformer": pipe.transformer, "text_encoder": pipe.text_encoder}
 
     def probe_log(record: dict) -> None:
@@ -430,7 +435,10 @@ def main(argv: list[str] | None = None) -> None:
     log(f"MNIST-Wan pretraining, code at commit {_commit()}, pid {os.getpid()}, work {args.work}")
     start = time.perf_counter()
     flow_recipe = {**FLOW_RECIPE, "steps": args.flow_steps}
-    pipe = train(args.work, log, flow_recipe=flow_recipe)
+    try:
+        pipe = train(args.work, log, flow_recipe=flow_recipe)
+    except UsageError as error:
+        raise SystemExit(f"error: {error}") from None
     finish(pipe, args.work, log, args.finish_step, {"total_s": round(time.perf_counter() - start)}, flow_recipe)
 
 

@@ -174,6 +174,18 @@ def _untrained_weights() -> dict:
             for k, v in getattr(pipe, name).state_dict().items()}
 
 
+def test_a_run_past_the_asked_flow_steps_is_refused_before_any_work(tmp_path):
+    """A work folder whose state is past ``--flow-steps`` (a 16,250-step run asked for the shipped 14,000) would
+    otherwise ship its later weights under the smaller recipe: refused by name, before the latent pool is built."""
+    from vgrpo_lib.integrations.testbed.mnist_wan.train import FLOW_RECIPE, main, train
+
+    torch.save({"stage": "flow", "step": 16250}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match="holds flow step 16250, past the 14000 flow steps asked for: pass --flow-steps"):
+        train(tmp_path, log=lambda line: None, flow_recipe={**FLOW_RECIPE, "steps": 14000})
+    with pytest.raises(SystemExit, match="--flow-steps 16250 or more"):
+        main(["--work", str(tmp_path), "--flow-steps", "14000"])
+
+
 def test_an_interrupted_vae_stage_resumes_bitwise(tmp_path, one_thread, monkeypatch):
     from vgrpo_lib.integrations.testbed.mnist_wan import train as T
 
