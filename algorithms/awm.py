@@ -17,7 +17,7 @@ Cost per sample and iteration: rollout steps + K forward+backward per step + K p
 
 from __future__ import annotations
 
-from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.base import FreshPairsAlgorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import AWMLoss
@@ -26,7 +26,7 @@ from vgrpo_lib.timesteps import DiscreteGrid
 __all__ = ["AWM"]
 
 
-class AWM(Algorithm):
+class AWM(FreshPairsAlgorithm):
     """AWM from ``config.awm``: an ODE rollout and :class:`AWMLoss` on fresh pairs each step, with its soft-updated
     copy (see the module docstring)."""
 
@@ -55,13 +55,6 @@ class AWM(Algorithm):
     @staticmethod
     def needs_behaviour(config) -> bool:
         return config.awm.behaviour_kl_coef is not None
-
-    def loss(self, minibatch, generator):
-        return self.loss_on_fresh_pairs(self.estimator, minibatch, generator)
-
-    def after_iteration(self, iteration: int, grad_steps: int) -> None:
-        if self.behaviour is not None:
-            self.behaviour.update_(self.decay(grad_steps))
 
     def nfe(self) -> dict[str, int]:
         models = 1 + (self.behaviour is not None) + (self.reference is not None)

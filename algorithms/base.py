@@ -26,7 +26,7 @@ from vgrpo_lib.algorithms.policies import Policies
 from vgrpo_lib.integrations.distributed import Shard
 from vgrpo_lib.samplers import nfe_per_sample, sample_ode
 
-__all__ = ["Algorithm"]
+__all__ = ["Algorithm", "FreshPairsAlgorithm"]
 
 
 class Algorithm:
@@ -79,15 +79,6 @@ class Algorithm:
         """The loss module's output on ``minibatch`` (rows of :meth:`prepare`): ``loss_*`` and diagnostics."""
         return self.loss_module(minibatch)
 
-    def loss_on_fresh_pairs(self, estimator, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
-        """The loss on timestep-noise pairs drawn for this gradient step (DiffusionNFT, AWM, DGPO): drawn for the
-        global minibatch on every process (with its group ids when the estimator shares pairs within groups), block
-        kept."""
-        group = self.shard.all_gather(minibatch["group"]) if estimator.sharing == "group" else None
-        pairs = estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), group, generator=generator)
-        minibatch["pairs"] = self.shard.local(pairs)
-        return self.loss_module(minibatch)
-
     def after_iteration(self, iteration: int, grad_steps: int) -> None:
         """Called once the gradient steps of ``iteration`` are done; ``grad_steps``: gradient steps taken so far
         in the run (this iteration's included)."""
@@ -106,3 +97,21 @@ class Algorithm:
         """Restore :meth:`state_dict`."""
         if self.behaviour is not None:
             self.behaviour.load_state_dict(state["old_policy"])
+
+
+class FreshPairsAlgorithm(Algorithm):
+    """An algorithm whose loss draws its timestep-noise pairs at every gradient step (``self.estimator``) and whose
+    soft-updated behaviour copy, where it has one, moves toward the policy by ``self.decay(grad_steps)`` after each
+    iteration: DiffusionNFT, AWM and DGPO. Subclasses set ``estimator``, ``decay`` and ``loss_module``."""
+
+    def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
+        """The loss on timestep-noise pairs drawn for this gradient step: drawn for the global minibatch on every
+        process (with its group ids when the estimator shares pairs within groups), block kept."""
+        group = self.shard.all_gather(minibatch["group"]) if self.estimator.sharing == "group" else None
+        pairs = self.estimator.sample_pairs(self.shard.global_like(minibatch["sample"]), group, generator=generator)
+        minibatch["pairs"] = self.shard.local(pairs)
+        return self.loss_module(minibatch)
+
+    def after_iteration(self, iteration: int, grad_steps: int) -> None:
+        if self.behaviour is not None:
+            self.behaviour.update_(self.decay(grad_steps))

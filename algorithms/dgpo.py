@@ -19,7 +19,7 @@ frozen model (base, x2 with its CFG; copy) without grad.
 
 from __future__ import annotations
 
-from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.base import FreshPairsAlgorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.errors import UsageError
@@ -30,7 +30,7 @@ from vgrpo_lib.timesteps import GridSubset
 __all__ = ["DGPO"]
 
 
-class DGPO(Algorithm):
+class DGPO(FreshPairsAlgorithm):
     """DGPO from ``config.dgpo``: an ODE rollout and :class:`DGPOLoss` on fresh group-shared pairs each step, with
     its soft-updated copy (see the module docstring)."""
 
@@ -72,13 +72,6 @@ class DGPO(Algorithm):
         c = self.config.dgpo
         model = self.behaviour if c.copy_rollout_after is not None and iteration > c.copy_rollout_after else self.policy
         return classifier_free_guidance(model, self.null_cond, c.rollout_cfg_scale)
-
-    def loss(self, minibatch, generator):
-        return self.loss_on_fresh_pairs(self.estimator, minibatch, generator)
-
-    def after_iteration(self, iteration: int, grad_steps: int) -> None:
-        if self.behaviour is not None:
-            self.behaviour.update_(self.decay(grad_steps))
 
     def nfe(self) -> dict[str, int]:
         c, nfe = self.config.dgpo, super().nfe()

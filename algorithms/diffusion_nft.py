@@ -15,7 +15,7 @@ Cost per sample and iteration: rollout steps + 2 forwards (trained and old polic
 
 from __future__ import annotations
 
-from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.base import FreshPairsAlgorithm
 from vgrpo_lib.control import OldPolicyDecay
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import DiffusionNFTLoss
@@ -24,7 +24,7 @@ from vgrpo_lib.timesteps import GridSubset
 __all__ = ["DiffusionNFT"]
 
 
-class DiffusionNFT(Algorithm):
+class DiffusionNFT(FreshPairsAlgorithm):
     """DiffusionNFT from ``config.diffusion_nft``: the old policy's ODE rollout, fresh timestep-noise pairs every
     step, :class:`DiffusionNFTLoss` and the old policy's soft update (see the module docstring)."""
 
@@ -58,13 +58,6 @@ class DiffusionNFT(Algorithm):
 
     def rollout_model(self, iteration):
         return self.behaviour
-
-    def loss(self, minibatch, generator):
-        """The DiffusionNFT loss on fresh timestep-noise pairs for ``minibatch`` (drawn here, every step)."""
-        return self.loss_on_fresh_pairs(self.estimator, minibatch, generator)
-
-    def after_iteration(self, iteration: int, grad_steps: int) -> None:
-        self.behaviour.update_(self.decay(grad_steps))
 
     def nfe(self) -> dict[str, int]:
         per_epoch = self.num_pairs * (3 if self.needs_reference(self.config) else 2)

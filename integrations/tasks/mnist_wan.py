@@ -10,8 +10,8 @@ labels filled in:
 
 - prompts: the 200 ``"train"`` motion prompts ("a 3 moving left", five phrasings x 10 digits x 4 directions);
   evaluation on the 120 ``"eval"`` prompts (three held-out phrasings);
-- reward: :class:`~vgrpo_lib.integrations.testbed.mnist_wan.rewards.MotionReward` on whole clips (the testbed CNN's
-  frame-mean probability of the prompted digit times the centre-of-mass motion along the prompted direction);
+- reward: :class:`~vgrpo_lib.integrations.testbed.mnist_wan.rewards.MotionReward` on whole clips (``reads_videos``:
+  not averaged per frame; the testbed CNN's frame-mean probability of the prompted digit times the centre-of-mass motion along the prompted direction);
 - metrics (:func:`motion_metrics`): ``accuracy`` (the reward's models: the CNN reads the prompted digit AND the
   centre of mass moves the prompted way), ``judge_accuracy`` (the independent
   :class:`~vgrpo_lib.integrations.testbed.mnist_wan.rewards.MotionJudge`: an MLP on a disjoint split and block
@@ -33,21 +33,11 @@ from vgrpo_lib.integrations.testbed.mnist_wan.prompts import motion_prompts, par
 from vgrpo_lib.integrations.testbed.mnist_wan.render import DIRECTIONS, FRAMES, FRAME_SIZE, measured_direction
 from vgrpo_lib.integrations.testbed.mnist_wan.rewards import MotionJudge, MotionReward, read_clips
 
-__all__ = ["MNIST_WAN_TASKS", "VideoMotionReward", "motion_label", "motion_metrics", "mnist_wan_task"]
+__all__ = ["MNIST_WAN_TASKS", "motion_label", "motion_metrics", "mnist_wan_task"]
 
 MNIST_WAN_TASKS = ("motion",)
 EVALUATION_METRICS = {"accuracy": "digit and direction (reward models)",
                       "judge_accuracy": "digit and direction (independent judge)"}
-
-
-class VideoMotionReward(MotionReward):
-    """:class:`MotionReward` with the testbed classifier, marked as reading whole clips ``(B, 3, F, H, W)``
-    (``reads_videos``: :class:`~vgrpo_lib.integrations.tasks.wan.WanTask` does not average it over frames)."""
-
-    reads_videos = True
-
-    def __init__(self):
-        super().__init__(testbed_classifiers()[0])
 
 
 def motion_label(prompt: str) -> str:
@@ -92,7 +82,7 @@ def mnist_wan_task(kind: str = "motion", *, path=None, prompts=None, eval_prompt
         path=str(PIPELINE_DIR) if path is None else path,
         prompts=[p for p, _, _ in motion_prompts("train")] if prompts is None else prompts,
         eval_prompts=[p for p, _, _ in motion_prompts("eval")] if eval_prompts is None else eval_prompts,
-        reward=VideoMotionReward() if reward is None else reward,
+        reward=MotionReward(testbed_classifiers()[0]) if reward is None else reward,
         image_size=FRAME_SIZE if image_size is None else image_size,
         frames=FRAMES if frames is None else frames,
         max_sequence_length=TEXT_LENGTH if max_sequence_length is None else max_sequence_length,

@@ -15,7 +15,7 @@ What differs from the image tasks:
   multi-reward (``"pickscore:1,ocr:0.5"``) keeps its columns (:class:`FrameMeanMultiReward`), each averaged over the
   frames. A reward that reads whole videos is any callable ``(videos (B, 3, F, H, W), prompts) -> (B,)`` passed to
   :class:`WanTask` as ``reward`` with ``frame_mean=False``, or one that says so itself with the attribute
-  ``reads_videos = True`` (as :class:`~vgrpo_lib.integrations.tasks.mnist_wan.VideoMotionReward`).
+  ``reads_videos = True`` (as :class:`~vgrpo_lib.integrations.testbed.mnist_wan.rewards.MotionReward`).
 - sample grids show each video as a strip of up to ``strip_frames`` frames side by side (:func:`frame_strips`).
 - the LoRA adapter sits on Wan's block projections (``WAN_LORA_TARGET_MODULES``), on both experts of a Wan 2.2
   pipeline; ``vgrpo export`` writes one diffusers LoRA file per expert (:meth:`WanTask.export_policy`).

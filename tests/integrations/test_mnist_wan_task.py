@@ -21,13 +21,14 @@ from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
 from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.tasks.hub import HUB_MODELS  # noqa: E402
 from vgrpo_lib.integrations.tasks.mnist_wan import (  # noqa: E402
-    VideoMotionReward, mnist_wan_task, motion_label, motion_metrics,
+    mnist_wan_task, motion_label, motion_metrics,
 )
 from vgrpo_lib.integrations.tasks.wan import FrameMeanReward, WanTask  # noqa: E402
 from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.prompts import motion_prompts  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.render import DIRECTIONS, render_clips  # noqa: E402
+from vgrpo_lib.integrations.testbed.mnist_wan.rewards import MotionReward  # noqa: E402
 from tests.algorithms.conftest import evaluation_table  # noqa: E402
 
 # A short run: 4 prompts x 4 clips, 4 rollout steps, 2 pairs; a small evaluation (120 held-out prompts, 1 clip each).
@@ -69,7 +70,7 @@ def test_the_task_samples_clips_and_scores_them_whole(task):
     assert task.prompts == [p for p, _, _ in motion_prompts("train")]
     assert task.eval_prompt_list == [p for p, _, _ in motion_prompts("eval")]
     reward = task.reward()
-    assert isinstance(reward, VideoMotionReward) and not isinstance(reward, FrameMeanReward)
+    assert isinstance(reward, MotionReward) and not isinstance(reward, FrameMeanReward)
     prompts = ["a 3 moving left", "a seven that moves up"]
     clips = task.sample(task.load_policy(), prompts, num_steps=2, generator=torch.Generator().manual_seed(0))
     assert clips.shape == (2, 3, 9, 32, 32) and 0 <= clips.min() and clips.max() <= 1

@@ -69,7 +69,10 @@ def read_clips(classifier, clips: torch.Tensor) -> torch.Tensor:
 class MotionReward:
     """``reward(clips, prompts) -> (B,)``: the classifier's frame-mean probability of the prompted digit times
     ``motion_agreement`` with the prompted direction (see the module doc). ``classifier`` maps
-    ``(N, 1, 28, 28)`` images in [0, 1] to 10 logits."""
+    ``(N, 1, 28, 28)`` images in [0, 1] to 10 logits. It reads whole clips (``reads_videos``: a
+    :class:`~vgrpo_lib.integrations.tasks.wan.WanTask` does not average it over frames)."""
+
+    reads_videos = True
 
     def __init__(self, classifier: nn.Module):
         self.classifier = classifier.eval()
