@@ -12,7 +12,11 @@ Each micro-batch's samples are decoded and scored as one reward call. With ``rol
 runs in a background thread as soon as the micro-batch is decoded, while the next micro-batch rolls out (a served
 reward, ``model.reward=http://...``, then scores on its own machine meanwhile); without, the same calls run one
 after another once the rollout is done. The rewards are the same either way (same calls, same order), and a
-reward's failure is the same error, raised when its result is collected.
+reward's failure is the same error. Without overlap it is raised once the rollout is done, when the rewards are
+collected; with overlap at the first micro-batch boundary after the failed call has ended (:meth:`MicroBatchScores.add`
+looks at the calls handed over so far before the next micro-batch rolls out), so a reward server that went away
+stops the rollout within a micro-batch instead of after all of them. Nothing of the iteration has been written
+then: the run resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -68,9 +72,11 @@ class MicroBatchScores:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="micro-batch-reward") if overlap else None
 
     def add(self, part: TensorDict, rows: slice) -> None:
-        """Hand over the micro-batch ``part`` (its ``"sample"``) of the rollout's rows ``rows``."""
+        """Hand over the micro-batch ``part`` (its ``"sample"``) of the rollout's rows ``rows``. With overlap, first
+        raise the error of a background call that has already failed (the rollout stops at this boundary)."""
         prompts = self.prompts[rows]
         if self.overlap:
+            self._raise_finished_failure()
             self._pending.append(self._pool.submit(self._score_unless_failed, self.decode(part["sample"]), prompts))
         else:
             self._pending.append((part["sample"], prompts))
@@ -85,6 +91,15 @@ class MicroBatchScores:
         except BaseException:
             self._failed = True
             raise
+
+    def _raise_finished_failure(self) -> None:
+        """Raise the error of the first background call that has ended with one; the calls run one at a time in
+        order, so the scan stops at the first call still running or waiting."""
+        for future in self._pending:
+            if not future.done():
+                return
+            if future.exception() is not None:
+                future.result()
 
     def result(self) -> torch.Tensor:
         """Every micro-batch's rewards, joined in row order: ``(N,)`` or ``(N, R)``; a reward's error is raised

@@ -6,10 +6,12 @@ started), never by timing; and a run trains through a real `vgrpo reward-server`
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 import torch
 
+from vgrpo_lib.algorithms import rollout_batches
 from vgrpo_lib.algorithms.scoring import RewardError
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.rewards import get_reward
@@ -99,6 +101,52 @@ def test_a_failing_reward_is_the_same_error_either_way(overlap, tiny_config, tmp
                                           r"RuntimeError: reward model crashed$"), pytest.warns(UserWarning, match="retrying"):
         trainer.train()
     assert calls == [4, 4, 4, 4]  # micro-batches 0, 1, then 2 and its one retry; micro-batch 3 never scored
+
+
+def test_an_overlapped_reward_failure_stops_the_rollout_at_the_next_micro_batch(tiny_config, tmp_path, monkeypatch):
+    """Iteration 1's reward of micro-batch 0 fails, and has ended before micro-batch 1's rollout does (an event, not a
+    time): the rollout stops at that boundary, 2 of its 4 micro-batches rolled out, with the error of the sequential
+    path naming the reward; nothing of iteration 1 is written and the run resumes to the uninterrupted run's weights."""
+    submitted = []
+
+    class RecordingPool(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(super().submit(*args, **kwargs))
+            return submitted[-1]
+
+    monkeypatch.setattr(rollout_batches, "ThreadPoolExecutor", RecordingPool)
+    config = tiny_config("vgrpo", *MICRO_BATCHES[1:], "iterations=2", "rollout.overlap_rewards=true",
+                         "reward_retries=0")
+    trainer = Trainer(config, tmp_path / "run", progress=False)
+    rollout, reward, rollouts = trainer.algorithm.rollout, trainer.reward_fn, []
+
+    def counted_rollout(cond, group, generator, iteration):
+        index = sum(1 for done in rollouts if done == iteration)
+        if iteration == 1 and index > 0:  # the previous micro-batch's reward call has ended first
+            assert wait(submitted[-1:], timeout=HANDSHAKE_S).not_done == set()
+        rollouts.append(iteration)
+        return rollout(cond, group, generator, iteration)
+
+    def breaks_in_iteration_one(images, prompts):
+        if trainer.iteration == 1:
+            raise RuntimeError("reward 'jpeg_server' went away")
+        return reward(images, prompts)
+
+    trainer.algorithm.rollout, trainer.reward_fn = counted_rollout, breaks_in_iteration_one
+    with pytest.raises(RewardError, match=r"^The reward function raised on 1 attempt\(s\) at iteration 1: "
+                                          r"RuntimeError: reward 'jpeg_server' went away$"):
+        trainer.train()
+    assert rollouts == [0, 0, 0, 0, 1, 1]  # stopped before micro-batches 2 and 3 of iteration 1
+    assert not any(thread.name.startswith("micro-batch-reward") for thread in threading.enumerate())
+    assert [row["iteration"] for row in trainer.run.read_rows("metrics.csv")] == [0]
+
+    resumed = Trainer.resume(tmp_path / "run", progress=False)
+    resumed.train()
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    straight.train()
+    assert [row["iteration"] for row in resumed.metrics] == [0, 1]
+    for key, value in straight.policy.state_dict().items():
+        assert torch.equal(resumed.policy.state_dict()[key], value), key
 
 
 def test_overlap_without_micro_batches_is_refused(tiny_config):
