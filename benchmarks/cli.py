@@ -7,6 +7,8 @@
                                                                       a pilot that picks sharing and K before training
     vgrpo ablations [--preset mnist-sd3] [--set paper|regime] [--seeds N] [--quick] --out DIR
                                                                       training-level ablations / regime map
+    vgrpo levers --comparison DIR [--variant vgrpo] [--levers L ...] [--combine L1+L2 ...] --out OUT
+                                                                      levers on a comparison's chosen setting
     vgrpo reward-server --reward NAME [--host H] [--port P] [--max-batch N] [--device D]
                                                                       a reward served over HTTP (model.reward=URL)
 
@@ -113,11 +115,31 @@ def _ablations_arguments(ablations: argparse.ArgumentParser) -> None:
     ablations.add_argument("overrides", nargs="*", help="config overrides applied to every run")
 
 
+def _levers(args) -> int:
+    from vgrpo_lib.benchmarks.levers import run_levers
+    run_levers(args.comparison, args.out, variant=args.variant, cells=[*args.levers, *args.combine])
+    print(f"wrote {args.out}/levers.json and levers.md")
+    return 0
+
+
+def _levers_arguments(levers: argparse.ArgumentParser) -> None:
+    from vgrpo_lib.benchmarks.levers import LEVERS
+    levers.add_argument("--comparison", required=True, help="a finished `vgrpo compare` folder (its protocol, "
+                                                            "summary and targets)")
+    levers.add_argument("--variant", default="vgrpo", help="the comparison's algorithm whose chosen setting is changed")
+    levers.add_argument("--levers", nargs="*", default=[], help=f"levers, each alone: {', '.join(LEVERS)}")
+    levers.add_argument("--combine", nargs="*", default=[], metavar="L1+L2",
+                        help="levers together, joined by '+' (e.g. dpmpp_2m_6+ema_eval)")
+    levers.add_argument("--out", required=True)
+
+
 BENCHMARK_COMMANDS = (
     Command("compare", "V-GRPO against its baselines and peers, tuned alike, on one task", _compare_arguments, _compare),
     Command("estimators", "the estimator lab: noise of each surrogate design", _estimators_arguments, _estimators),
     Command("ablations", "training-level ablations (paper) or the regime map (regime)", _ablations_arguments,
             _ablations),
+    Command("levers", "levers added to a finished comparison's chosen setting, alone and combined", _levers_arguments,
+            _levers),
     Command("reward-server", "serve a reward over HTTP with dynamic batching (vgrpo_lib.integrations.rewards.server)",
             add_server_arguments, run_server),
 )

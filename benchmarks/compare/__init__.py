@@ -42,7 +42,7 @@ from vgrpo_lib.benchmarks.compare.protocol import (
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
 from vgrpo_lib.benchmarks.compare.runner import (
-    COMPARISON_ENTRIES, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume,
+    COMPARISON_ENTRIES, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume, train_to_end,
 )
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
@@ -57,5 +57,5 @@ __all__ = [
     "check_comparison_folder",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
-    "summarise_run", "target_rule", "time_to_target", "variant_preset",
+    "summarise_run", "target_rule", "time_to_target", "train_to_end", "variant_preset",
 ]

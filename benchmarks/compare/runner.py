@@ -25,6 +25,7 @@ from vgrpo_lib.errors import UsageError
 
 __all__ = [
     "COMPARISON_ENTRIES", "FinishedRun", "check_comparison_folder", "finished_run", "run_compare", "start_or_resume",
+    "train_to_end",
 ]
 
 # What a comparison writes into its folder (besides its plots, *.png); its protocol and summary may be kept compressed
@@ -64,6 +65,19 @@ def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
         raise UsageError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
                          f"another --out.")
     return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)
+
+
+def train_to_end(config, run_dir: Path) -> tuple[FinishedRun, str]:
+    """The run of ``config`` in ``run_dir`` trained to its last iteration (or read back, or resumed: see
+    :func:`start_or_resume`), kept as its records only, and how it was had ("read back" or the minutes it took): a
+    trainer holds its model (a whole pipeline on the hub path, hundreds of MB), and a comparison of 36 runs would
+    hold them all."""
+    start = time.monotonic()
+    run = start_or_resume(config, run_dir)
+    if isinstance(run, FinishedRun):
+        return run, "read back"
+    run.train()
+    return FinishedRun(run.metrics, run.evaluations), f"{(time.monotonic() - start) / 60:.1f} min"
 
 
 def check_comparison_folder(out: Path) -> None:
@@ -107,16 +121,9 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     counter = itertools.count(1)
 
     def train(variant: str, seed: int, lr: float, control: str) -> FinishedRun:
-        """One run, trained or read back, kept as its records only: a trainer holds its model (a whole pipeline on
-        the hub path, hundreds of MB), and a comparison of 36 runs would hold them all."""
+        """One run, trained or read back."""
         config = build(variant, task, seed, lr, control, extra, pipeline)
-        start = time.monotonic()
-        run = start_or_resume(config, out / "runs" / run_name(variant, control, lr, seed))
-        how = "read back"
-        if isinstance(run, Trainer):
-            run.train()
-            how = f"{(time.monotonic() - start) / 60:.1f} min"
-            run = FinishedRun(run.metrics, run.evaluations)
+        run, how = train_to_end(config, out / "runs" / run_name(variant, control, lr, seed))
         print(f"[{next(counter)}/{total}] {variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
               f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
         return run

@@ -31,7 +31,7 @@ def test_the_benchmarks_use_the_public_seam():
     from vgrpo_lib.benchmarks import cli as benchmark_cli
 
     names = {command.name for command in benchmark_cli.BENCHMARK_COMMANDS}
-    assert names == {"compare", "estimators", "ablations", "reward-server"}
+    assert names == {"compare", "estimators", "ablations", "levers", "reward-server"}
     assert "_actions" not in inspect.getsource(benchmark_cli)
     parser = benchmark_cli.make_parser()
     args = parser.parse_args(["compare", "--out", "x", "--quick"])

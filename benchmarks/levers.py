@@ -1,0 +1,164 @@
+"""Levers on a finished comparison's chosen setting: each added alone, then together, under the same protocol.
+
+A lever is a named config switch (:data:`LEVERS`: more pairs, an extra epoch under the ratio clip, a cheaper
+higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a finished comparison
+(``vgrpo compare``) at the setting the comparison chose for it, adds a lever, and trains it on the comparison's
+reported seeds with the comparison's budget; every run is summarised against the comparison's OWN targets (training
+and held-out: the targets were fixed by its tuning runs, before any lever was seen), so the lever's row reads like the
+comparison's rows::
+
+    vgrpo levers --comparison results/protocol-digit-beyond --variant vgrpo --levers k8 two_epochs dpmpp_2m_6 ema_eval \\
+        --out results/levers-digit
+    vgrpo levers --comparison DIR --variant vgrpo+ --combine dpmpp_2m_6+ema_eval --out DIR2
+
+Per cell (a lever, or ``A+B`` for levers combined) it reports the median costs to each target, the final training
+and held-out rewards, and two ratios of median times to the held-out and training targets with the protocol's
+bootstrap interval (:func:`vgrpo_lib.benchmarks.compare.median_ratio_interval`): against the unchanged setting (the
+comparison's own reported runs of that algorithm, ``< 1`` means the lever made it faster) and against the
+comparison's DiffusionNFT where it has one (the quantity issue 30's target names). A lever that leaves the config as
+it was (e.g. two epochs where the comparison already chose two) is refused by name: it measures nothing.
+
+Not tuned: a lever runs at the chosen learning rate; one that shifts the best learning rate (more steps per rollout
+move the policy further) reads as worse than it is, which the report's text must say where it matters.
+Runs are kept as ``OUT/runs/CELL_seedS`` and, like a comparison's, read back or resumed when the command is run again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
+from vgrpo_lib.benchmarks.compare import (
+    HELDOUT_RATIO_KEYS, TRAINING_RATIO_KEYS, aggregate_seeds, build, median_ratio_interval, summarise_run,
+    train_to_end,
+)
+from vgrpo_lib.errors import UsageError
+
+__all__ = ["LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
+
+# Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
+# V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).
+LEVERS: dict[str, tuple[str, ...]] = {
+    # Twice the timestep-noise pairs per sample (the regime rule's K = 8 where the pilot's gradient cosine at
+    # K = 4 is below 0.7; results/regime-rule/).
+    "k8": ("vgrpo.num_pairs=8",),
+    # A second gradient step per rollout under the paper's ratio clip (rollout reuse; off-policy through the ELBO
+    # ratio), the soft clip off as in the comparison's two_epochs control.
+    "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
+    "three_epochs": ("optim.epochs=3", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
+    # V-GRPO needs no SDE: a second-order deterministic rollout (DPM-Solver++(2M)) in 6 steps instead of Euler's
+    # 10; the evaluation keeps its own solver and steps (eval.*).
+    "dpmpp_2m_6": ("rollout.solver=dpmpp_2m", "rollout.num_steps=6"),
+    # The same 6 Euler steps: separates the solver's order from the step count.
+    "euler_6": ("rollout.num_steps=6",),
+    # Evaluate an EMA of the policy (DiffusionNFT's official decay 0.9 every step); training is unchanged.
+    "ema_eval": ("optim.ema_decay=0.9", "optim.ema_every=1"),
+}
+COMBINE_SEPARATOR = "+"
+COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's
+
+
+def cell_overrides(cell: str) -> list[str]:
+    """The overrides of a cell: one lever's, or several levers' joined by ``+`` (applied in that order)."""
+    names = cell.split(COMBINE_SEPARATOR)
+    unknown = [name for name in names if name not in LEVERS]
+    if unknown or len(set(names)) < len(names):
+        raise UsageError(f"Cell {cell!r}: expected distinct levers joined by {COMBINE_SEPARATOR!r} among "
+                         f"{', '.join(LEVERS)}; {'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'a repeat'}.")
+    return [override for name in names for override in LEVERS[name]]
+
+
+def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict]:
+    """The protocol and summary of a finished comparison; refused by name when it is unfinished or lacks ``variant``."""
+    try:
+        protocol = json.loads(read_stored_text(comparison / "protocol.json"))
+        summary = json.loads(read_stored_text(comparison / "summary.json"))
+    except FileNotFoundError as error:
+        raise UsageError(f"--comparison {comparison} is not a finished comparison ({error}); run `vgrpo compare` "
+                         f"there to its end first.") from error
+    if variant not in summary["per_seed"]:
+        raise UsageError(f"--variant {variant!r} is not in the comparison {comparison}; it has "
+                         f"{', '.join(summary['per_seed'])}.")
+    return protocol, summary
+
+
+def _ratios(cell_runs: list[dict], reference_runs: list[dict]) -> dict:
+    """Median cost of the cell over the reference's, per target, with the bootstrap interval."""
+    return {key: median_ratio_interval([r[key] for r in cell_runs], [r[key] for r in reference_runs])
+            for key in HELDOUT_RATIO_KEYS + TRAINING_RATIO_KEYS if key in reference_runs[0]}
+
+
+def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo", cells: list[str]) -> dict:
+    """Train ``variant`` of the finished ``comparison`` at its chosen setting with each cell's levers, on the
+    comparison's reported seeds, and write ``OUT/levers.json`` and ``OUT/levers.md`` (see the module doc)."""
+    comparison, out = Path(comparison), Path(out)
+    if not cells:
+        raise UsageError("Name at least one lever (--levers) or combination (--combine).")
+    protocol, summary = _read_comparison(comparison, variant)
+    chosen = protocol["chosen"][variant]
+    extra = [*protocol["budget"], *protocol["overrides"]]
+
+    def config(seed: int, overrides: list[str]):
+        return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"], [*extra, *overrides],
+                     protocol["pipeline"])
+
+    seeds = protocol["reported_seeds"]
+    for cell in cells:  # every cell must build, and change something, before any run starts
+        if config(seeds[0], cell_overrides(cell)).to_json() == config(seeds[0], []).to_json():
+            raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
+                             f"{chosen['lr']:g}) unchanged: it measures nothing.")
+    report = {"comparison": str(comparison), "variant": variant, "chosen": chosen, "seeds": seeds,
+              "target": protocol["target"], "heldout_target": protocol["heldout"]["target"],
+              "unchanged": aggregate_seeds(summary["per_seed"][variant]), "cells": {}}
+    if COMPARED_WITH in summary["per_seed"]:
+        report[COMPARED_WITH] = aggregate_seeds(summary["per_seed"][COMPARED_WITH])
+    for cell in cells:
+        runs = []
+        for seed in seeds:
+            run, how = train_to_end(config(seed, cell_overrides(cell)), out / "runs" / f"{cell}_seed{seed}")
+            runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
+            print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
+        report["cells"][cell] = {
+            "overrides": cell_overrides(cell), **aggregate_seeds(runs), "per_seed": runs,
+            "over_unchanged": _ratios(runs, summary["per_seed"][variant]),
+            **({f"over_{COMPARED_WITH}": _ratios(runs, summary["per_seed"][COMPARED_WITH])}
+               if COMPARED_WITH in summary["per_seed"] else {}),
+        }
+    atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out / "levers.md", markdown(report))
+    return report
+
+
+def _ratio_text(ratio: dict | None) -> str:
+    if ratio is None or ratio["ratio"] is None:
+        return "not reached"
+    interval = "" if ratio["interval"] is None else f" [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
+    return f"{ratio['ratio']:.2f}{interval}"
+
+
+def _seconds(row: dict, key: str) -> str:
+    return f"{row[key]:.0f} s ({row[key + '_reached']})" if row.get(key) is not None else f"— ({row[key + '_reached']})"
+
+
+def markdown(report: dict) -> str:
+    """The report as a table: a row per cell, the unchanged setting (and DiffusionNFT) first."""
+    lines = [f"{report['variant']} at the setting {report['comparison']} chose ({report['chosen']['step_control']}, lr "
+             f"{report['chosen']['lr']:g}), seeds {report['seeds']}; held-out target {report['heldout_target']:.4f}, "
+             f"training target {report['target']:.4f}. Times: median over seeds (seeds that reached it). Ratios: "
+             f"median time over the other's, 90% bootstrap interval.", "",
+             "| cell | held-out time | training time | final held-out reward | over unchanged (held-out) | "
+             f"over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |",
+             "|---|---|---|---|---|---|---|"]
+    rows = [("unchanged", report["unchanged"], None)]
+    rows += [(COMPARED_WITH, report[COMPARED_WITH], None)] if COMPARED_WITH in report else []
+    rows += [(name, cell, cell) for name, cell in report["cells"].items()]
+    for name, row, cell in rows:
+        ratios = ["", "", ""] if cell is None else [
+            _ratio_text(cell["over_unchanged"].get("heldout_time_to_target_s")),
+            _ratio_text(cell.get(f"over_{COMPARED_WITH}", {}).get("heldout_time_to_target_s")),
+            _ratio_text(cell.get(f"over_{COMPARED_WITH}", {}).get("time_to_target_s"))]
+        reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
+        lines.append(f"| {name} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
+                     f"{reward} | " + " | ".join(ratios) + " |")
+    return "\n".join(lines) + "\n"

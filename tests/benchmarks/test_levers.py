@@ -1,0 +1,91 @@
+"""`vgrpo levers`: levers added to a finished comparison's chosen setting, run on its reported seeds and summarised
+against its own targets (vgrpo_lib.benchmarks.levers)."""
+
+import json
+import math
+import statistics
+
+import pytest
+
+from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.benchmarks import levers
+from vgrpo_lib.benchmarks.cli import main
+from vgrpo_lib.benchmarks.compare import run_compare, summarise_run
+from vgrpo_lib.errors import UsageError
+
+TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    out = tmp_path_factory.mktemp("comparison")
+    run_compare(out, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"), learning_rates=(1e-3,),
+                overrides=TINY, iterations=3)
+    return out
+
+
+def test_each_cell_runs_the_chosen_setting_plus_its_levers_against_the_comparisons_targets(comparison, tmp_path):
+    report = levers.run_levers(comparison, tmp_path, variant="vgrpo", cells=["k8", "k8+ema_eval"])
+    protocol = json.loads((comparison / "protocol.json").read_text())
+    summary = json.loads((comparison / "summary.json").read_text())
+    assert report["target"] == protocol["target"] and report["heldout_target"] == protocol["heldout"]["target"]
+    assert report["chosen"] == protocol["chosen"]["vgrpo"] and report["seeds"] == [0, 1]
+
+    for cell in ("k8", "k8+ema_eval"):
+        for seed, row in zip((0, 1), report["cells"][cell]["per_seed"]):
+            run = RunDir(tmp_path / "runs" / f"{cell}_seed{seed}")
+            config = run.train_config()
+            # The comparison's setting of this seed (lr, step control, budget, tiny overrides) plus the levers.
+            assert config.seed == seed and config.optim.lr == protocol["chosen"]["vgrpo"]["lr"]
+            assert config.iterations == 3 and config.rollout.num_steps == 4 and config.vgrpo.num_pairs == 8
+            assert config.optim.ema_decay == (0.9 if cell == "k8+ema_eval" else None)
+            # Each row is the protocol's summary of the run's own tables, against the comparison's targets.
+            expected = summarise_run(run.read_rows("metrics.csv"), run.read_jsonl("eval.jsonl"), protocol["target"],
+                                     protocol["heldout"]["target"])
+            assert row == pytest.approx(expected, nan_ok=True)
+
+    # The ratios are the cell's median over the unchanged setting's (the comparison's own runs) and DiffusionNFT's.
+    for reference, key in ((summary["per_seed"]["vgrpo"], "over_unchanged"),
+                           (summary["per_seed"]["diffusion_nft"], "over_diffusion_nft")):
+        cell_median, reference_median = (statistics.median(math.inf if r["nfe_to_target"] is None else r["nfe_to_target"]
+                                                           for r in runs)
+                                          for runs in (report["cells"]["k8"]["per_seed"], reference))
+        ratio = report["cells"]["k8"][key]["nfe_to_target"]["ratio"]
+        if math.isinf(cell_median) or math.isinf(reference_median):
+            assert ratio is None  # a median seed that never reached the target: not estimable
+        else:
+            assert ratio == pytest.approx(cell_median / reference_median)
+    assert json.loads((tmp_path / "levers.json").read_text()) == json.loads(json.dumps(report))
+    table = (tmp_path / "levers.md").read_text()
+    assert "| unchanged |" in table and "| diffusion_nft |" in table and "| k8+ema_eval |" in table
+
+
+def test_a_second_command_reads_the_finished_runs_back(comparison, tmp_path, monkeypatch, capsys):
+    first = levers.run_levers(comparison, tmp_path, cells=["ema_eval"])
+
+    def no_training(self):
+        raise AssertionError("a finished lever run was trained again")
+
+    monkeypatch.setattr(Trainer, "train", no_training)
+    assert main(["levers", "--comparison", str(comparison), "--levers", "ema_eval", "--out", str(tmp_path)]) == 0
+    assert "(read back)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "levers.json").read_text()) == json.loads(json.dumps(first))
+
+
+def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, monkeypatch):
+    with pytest.raises(UsageError, match="not a finished comparison"):
+        levers.run_levers(tmp_path / "nothing", tmp_path / "out", cells=["k8"])
+    with pytest.raises(UsageError, match="'awm' is not in the comparison"):
+        levers.run_levers(comparison, tmp_path / "out", variant="awm", cells=["k8"])
+    with pytest.raises(UsageError, match="unknown 'k9'"):
+        levers.run_levers(comparison, tmp_path / "out", cells=["k8+k9"])
+    with pytest.raises(UsageError, match="a repeat"):
+        levers.run_levers(comparison, tmp_path / "out", cells=["k8+k8"])
+    with pytest.raises(UsageError, match="at least one lever"):
+        levers.run_levers(comparison, tmp_path / "out", cells=[])
+    # A lever that leaves the chosen setting as it is measures nothing (the comparison's V-GRPO already has K = 4).
+    monkeypatch.setitem(levers.LEVERS, "k4", ("vgrpo.num_pairs=4",))
+    with pytest.raises(UsageError, match="'k4' leaves vgrpo's chosen setting"):
+        levers.run_levers(comparison, tmp_path / "out", cells=["k8", "k4"])
+    assert not (tmp_path / "out").exists()
