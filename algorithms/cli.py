@@ -9,8 +9,8 @@
     vgrpo eval --run RUN_DIR
     vgrpo export --run RUN_DIR --out DIR          (the trained LoRA in the diffusers format / the testbed policy as
                                                    safetensors, with a model card; see vgrpo_lib.algorithms.export)
-    vgrpo compress PATH ...                       (gzip the tables of the runs in PATH, e.g. a finished comparison
-                                                   kept in results/, or the file PATH, e.g. its summary.json;
+    vgrpo compress PATH ...                       (gzip the configs and tables of the runs in PATH, e.g. a finished
+                                                   comparison kept in results/, or the file PATH, e.g. its summary.json;
                                                    every command reads them back unchanged)
     vgrpo config [--algo A] [--preset P] [--task T] [--format text|markdown|json]
                                                   (every config key with its value, type, allowed values, help and
@@ -42,7 +42,7 @@ from vgrpo_lib.algorithms.presets import BEYOND_PAPER, PRESETS, build_config
 from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.export import export_run, load_run_policy
 from vgrpo_lib.algorithms.run_dir import (
-    COMPRESSED_SUFFIX, TABLES, RunDir, atomic_write_bytes, compress_file, compressed_path,
+    COMPRESSED_SUFFIX, CONFIG_NAME, TABLES, RunDir, atomic_write_bytes, compress_file, stored_path,
 )
 from vgrpo_lib.algorithms.tasks import TaskProtocolError, load_task, task_names
 from vgrpo_lib.integrations.tasks import resolve_task_name
@@ -140,11 +140,12 @@ def _export(args) -> int:
 
 
 def run_folders(path: Path) -> list[Path]:
-    """The run directories at or under ``path`` (folders with a ``config.json`` and a table), sorted."""
+    """The run directories at or under ``path`` (folders with a ``config.json`` or ``config.json.gz`` and a table,
+    either stored form), sorted."""
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder.")
-    runs = sorted(c.parent for c in path.rglob("config.json")
-                  if any(t.exists() or compressed_path(t).exists() for t in (c.parent / name for name in TABLES)))
+    configs = [config for name in (CONFIG_NAME, CONFIG_NAME + COMPRESSED_SUFFIX) for config in path.rglob(name)]
+    runs = sorted({c.parent for c in configs if any(stored_path(c.parent / name).exists() for name in TABLES)})
     if not runs:
         raise UsageError(f"{path} holds no run directory (a folder with config.json and metrics.csv).")
     return runs
@@ -167,19 +168,21 @@ def _compress(args) -> int:
         runs = run_folders(path)
         done = [entry for run in runs for entry in RunDir(run).compress_tables()]
         before, after = sum(t.bytes_before for t in done), sum(t.bytes_after for t in done)
-        print(f"{path}: {len(done)} tables of {len(runs)} runs compressed, {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+        print(f"{path}: {len(done)} files (configs and tables) of {len(runs)} runs compressed, {before / 1e6:.2f} MB "
+              f"-> {after / 1e6:.2f} MB")
     return 0
 
 
 def _single_file_to_compress(path: Path) -> Path:
     """``path`` if ``vgrpo compress`` may gzip it alone (a comparison's summary.json, a log): not already gzip'd,
-    and not a file a run reads only as it is (its config, lock and checkpoints)."""
+    and not one of a run's own files (its config, compressed with its tables; its lock and checkpoints, never)."""
     if path.name.endswith(COMPRESSED_SUFFIX):
         raise UsageError(f"{path} is already compressed.")
     run = RunDir(path.parent.parent if path.parent.name == "checkpoints" else path.parent)
     if run.exists() and (path in (run.config_path, run.lock_path) or path.parent == run.checkpoints):
-        raise UsageError(f"{path} is read by the run {run.root} only uncompressed (its config, lock and "
-                         f"checkpoints); `vgrpo compress {run.root}` compresses its tables.")
+        raise UsageError(f"{path} is one of the run {run.root}'s own files (its config, lock or checkpoints), not "
+                         f"compressed alone; `vgrpo compress {run.root}` compresses its config and tables (never "
+                         f"its lock or checkpoints).")
     return path
 
 
@@ -272,9 +275,9 @@ def make_parser(extra_commands: Sequence[Command] = ()) -> argparse.ArgumentPars
     export.add_argument("--out", required=True, help="a new (or empty) folder")
     export.set_defaults(handler=_export)
 
-    compress = commands.add_parser("compress", help="gzip the tables of the runs in a folder (metrics.csv, eval.csv, "
-                                   "eval.jsonl -> NAME.gz), or single files (a comparison's summary.json, "
-                                   "protocol.json), read back unchanged by every command")
+    compress = commands.add_parser("compress", help="gzip the configs and tables of the runs in a folder "
+                                   "(config.json, metrics.csv, eval.csv, eval.jsonl -> NAME.gz), or single files (a "
+                                   "comparison's summary.json, protocol.json), read back unchanged by every command")
     compress.add_argument("paths", nargs="+", help="run directories or folders holding them (e.g. a comparison's "
                           "--out), or files")
     compress.set_defaults(handler=_compress)

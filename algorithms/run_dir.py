@@ -1,13 +1,14 @@
 """A run directory: config, metrics, plots and checkpoints, all written atomically, used by one run at a time.
 
     RUN_DIR/.lock                  the run's lock: held (flock) by the live process, which wrote "pid P host H"
-    RUN_DIR/config.json            the full TrainConfig, plus the run's ``run_id``
+    RUN_DIR/config.json            the full TrainConfig, plus the run's ``run_id`` (config.json.gz once compressed:
+                                   RunDir.compress_tables; RunDir.stored_config_path is the file read)
     RUN_DIR/metrics.csv            one row per iteration (training metrics and costs)
     RUN_DIR/eval.csv               one row per evaluation (held-out seeds, CFG-free)
     RUN_DIR/eval.jsonl             the same evaluations with per-prompt accuracy
-    (RUN_DIR/NAME.gz               a table compressed by RunDir.compress_tables, read back the same; any file kept
-                                   so by compress_file, e.g. a comparison's summary.json, reads back through
-                                   read_stored_text)
+    (RUN_DIR/NAME.gz               the config or a table compressed by RunDir.compress_tables, read back the same
+                                   (a resume too); any file kept so by compress_file, e.g. a comparison's
+                                   summary.json, reads back through read_stored_text)
     RUN_DIR/checkpoints/iter_NNNNNN.pt    policy, optimizer, algorithm state, RNG streams, the metrics rows and
                                           evaluations so far, run_id (the newest two kept)
     RUN_DIR/checkpoints/iter_NNNNNN.json  its manifest: SHA-256 and size of the .pt, iteration, run_id, and what
@@ -63,13 +64,14 @@ from vgrpo_lib.integrations.atomic import (
 from vgrpo_lib.integrations.figures import pyplot, save_figure
 
 __all__ = [
-    "CHECKPOINT_KEYS", "COMPRESSED_SUFFIX", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir",
+    "CHECKPOINT_KEYS", "COMPRESSED_SUFFIX", "CONFIG_NAME", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "compress_file", "compressed_path", "config_differences", "made_by",
     "new_run_id", "run_environment", "pyplot", "read_csv", "read_stored_text", "rows_to_csv", "save_figure",
     "stored_path", "write_uncompressed_text",
 ]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")
+CONFIG_NAME = "config.json"
 COMPRESSED_SUFFIX = ".gz"
 CHECKPOINT_PREFIX = "iter_"
 KEEP_CHECKPOINTS = 2
@@ -138,10 +140,16 @@ def read_stored_text(path: Path) -> str:
     """The text of ``path``, or of its compressed copy (:func:`compress_file`) when ``path`` is not there: how a
     comparison's ``summary.json`` or ``protocol.json`` kept compressed in results/ is read. FileNotFoundError
     naming both when neither exists; :class:`DamagedFileError` naming the file when it is not gzip'd text."""
+    return _read_stored(path)[1]
+
+
+def _read_stored(path: Path) -> tuple[Path, str]:
+    """The file ``path``'s text is read from (``path``, else its compressed copy) and that text, as
+    :func:`read_stored_text` reads it."""
     found = _read_table_text(path, "text file")
     if found is None:
         raise FileNotFoundError(f"Neither {path} nor its compressed copy {compressed_path(path).name} exists.")
-    return found[1]
+    return found
 
 
 def _read_table_text(path: Path, kind: str) -> tuple[Path, str] | None:
@@ -205,11 +213,13 @@ def _number(text: str | None):
 
 
 def _read_json(path: Path, what: str):
-    """``path`` parsed as JSON; :class:`DamagedFileError` naming the file and the problem otherwise."""
+    """``path`` parsed as JSON (read from its compressed copy where ``path`` is absent: :func:`read_stored_text`);
+    :class:`DamagedFileError` naming the file read and the problem otherwise."""
+    source, text = _read_stored(path)
     try:
-        return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DamagedFileError(f"{path} ({what}) is not valid JSON: {error}.") from error
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DamagedFileError(f"{source} ({what}) is not valid JSON: {error}.") from error
 
 
 def _flat(config: dict, prefix: str = "") -> dict:
@@ -280,15 +290,23 @@ class RunDir:
 
     @property
     def config_path(self) -> Path:
-        return self.root / "config.json"
+        """Where the run writes its config: ``config.json``."""
+        return self.root / CONFIG_NAME
+
+    @property
+    def stored_config_path(self) -> Path:
+        """The file the run's config is read from: ``config.json``, else its compressed copy ``config.json.gz``
+        (:meth:`compress_tables`; :func:`stored_path`: it need not exist either). Its modification time is when the
+        run started (:func:`compress_file` keeps it)."""
+        return stored_path(self.config_path)
 
     @property
     def lock_path(self) -> Path:
         return self.root / LOCK_NAME
 
     def exists(self) -> bool:
-        """Whether the directory already holds a run (its ``config.json``)."""
-        return self.config_path.exists()
+        """Whether the directory already holds a run (its ``config.json``, or ``config.json.gz``)."""
+        return self.stored_config_path.exists()
 
     # -- who may use the folder --------------------------------------------------------------------------
 
@@ -467,9 +485,10 @@ class RunDir:
     # -- config and tables -------------------------------------------------------------------------------
 
     def write_config(self, config_json: str, run_id: str) -> None:
-        """Write ``config.json`` atomically: the run's config (JSON text) with its ``run_id`` added."""
+        """Write ``config.json`` atomically: the run's config (JSON text) with its ``run_id`` added; a compressed
+        copy ``config.json.gz`` (a run restarted from iteration 0) is out of date then and removed."""
         data = json.loads(config_json) | {"run_id": run_id}
-        atomic_write_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_uncompressed_text(self.config_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def read_config(self) -> dict:
         """The saved TrainConfig as a dict (without the run id: see :meth:`run_id`)."""
@@ -483,25 +502,29 @@ class RunDir:
         try:
             return TrainConfig.from_dict(self.read_config())
         except (TypeError, ValueError) as error:
-            raise DamagedFileError(f"{self.config_path} is not a valid run config: {error}") from error
+            raise DamagedFileError(f"{self.stored_config_path} is not a valid run config: {error}") from error
 
     def run_id(self) -> str:
-        """The run id stored in ``config.json``; a ``DamagedFileError`` naming the file when it has none."""
+        """The run id stored in ``config.json`` (or ``config.json.gz``); a ``DamagedFileError`` naming the file when it
+        has none."""
         run_id = self._config_file().get("run_id")
         if not isinstance(run_id, str):
-            raise DamagedFileError(f"{self.config_path} has no run_id (written by an older vgrpo-lib, or edited): "
-                                   f"its checkpoints cannot be told from another run's.")
+            raise DamagedFileError(f"{self.stored_config_path} has no run_id (written by an older vgrpo-lib, or "
+                                   f"edited): its checkpoints cannot be told from another run's.")
         return run_id
 
     def _config_file(self) -> dict:
-        if not self.config_path.exists():
+        """The stored config (``config.json``, else ``config.json.gz``) as a dict; :class:`DamagedFileError` naming the
+        file read when it is not gzip'd text, JSON or an object."""
+        if not self.exists():
             if self.root.is_dir() and all(map(self._ours, self.root.iterdir())):
                 raise RunDirError(f"{self.root} holds no run yet (no config.json: a run stopped before writing it): "
                                   f"start it again with the same command without --resume.")
             raise RunDirError(f"{self.root} is not a run directory: no config.json.")
         data = _read_json(self.config_path, "the run's config")
         if not isinstance(data, dict):
-            raise DamagedFileError(f"{self.config_path} is damaged: it holds a JSON {type(data).__name__}, not an object.")
+            raise DamagedFileError(f"{self.stored_config_path} is damaged: it holds a JSON {type(data).__name__}, "
+                                   f"not an object.")
         return data
 
     def write_rows(self, name: str, rows: list[dict]) -> None:
@@ -543,14 +566,15 @@ class RunDir:
         return records
 
     def compress_tables(self) -> list[CompressedTable]:
-        """Replace the run's tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that every reader here reads back
-        unchanged, to keep finished runs (as results/ does) at about 35-45% of the size (:func:`compress_file`:
-        each copy keeps the table's modification time and is checked before the table is removed); a run in use
-        by a live process is refused (under its lock); a table written again later (a resumed run) replaces its
-        copy."""
+        """Replace the run's config (``config.json``) and tables (:data:`TABLES`) by gzip copies ``NAME.gz`` that
+        every reader here reads back unchanged (a resume as well), to keep finished runs (as results/ does) at about
+        35-45% of the size (:func:`compress_file`: each copy keeps the file's modification time and is checked
+        before the file is removed; a file already compressed is left as it is); a run in use by a live process is
+        refused (under its lock); a file written again later (a resumed run's tables, the config of a run restarted
+        from iteration 0) replaces its copy."""
         self.lock()
         try:
-            return [compress_file(self.root / name) for name in TABLES if (self.root / name).exists()]
+            return [compress_file(self.root / name) for name in (CONFIG_NAME, *TABLES) if (self.root / name).exists()]
         finally:
             self.unlock()
 
@@ -606,23 +630,23 @@ class RunDir:
         return None
 
     def check_resume_config(self, path: Path, config: TrainConfig) -> None:
-        """Raise :class:`RunDirError` naming the keys when ``config`` (``config.json`` now) differs from the config
+        """Raise :class:`RunDirError` naming the keys when ``config`` (the stored config now) differs from the config
         that made checkpoint ``path`` in any key but :data:`RESUME_MAY_CHANGE`, or asks for fewer iterations than
         it has; warn when another library version made it, or when its manifest records no config (older)."""
         manifest = _read_json(path.with_suffix(".json"), "a checkpoint manifest")
         if not isinstance(manifest.get("config"), dict):
             warnings.warn(f"{path.with_suffix('.json')} records no config (written by an older vgrpo-lib): "
-                          f"{self.config_path} cannot be checked against it.")
+                          f"{self.stored_config_path} cannot be checked against it.")
             return
         changed = config_differences(manifest["config"], json.loads(config.to_json()))
         if changed:
-            raise RunDirError(f"{self.config_path} differs from the config that made {path} in "
+            raise RunDirError(f"{self.stored_config_path} differs from the config that made {path} in "
                               f"{', '.join(changed)}: a resume continues the same run, and only "
                               f"{', '.join(RESUME_MAY_CHANGE)} may change; put the keys back or start a new run "
                               f"in another --out.")
         if config.iterations < manifest["iteration"]:
-            raise RunDirError(f"{self.config_path} asks for iterations={config.iterations}, but {path} is already "
-                              f"at iteration {manifest['iteration']}; a resume may only raise iterations.")
+            raise RunDirError(f"{self.stored_config_path} asks for iterations={config.iterations}, but {path} is "
+                              f"already at iteration {manifest['iteration']}; a resume may only raise iterations.")
         if manifest.get("library_version") != __version__:
             warnings.warn(f"{path} was made by vgrpo-lib {manifest.get('library_version')}, this is {__version__}: "
                           f"the resumed run may not continue bitwise.")
@@ -657,7 +681,8 @@ class RunDir:
             raise DamagedFileError(f"it is not a complete training checkpoint: it has no {', '.join(missing)}")
         if state.get("run_id") == manifest.get("run_id") != run_id:  # intact, and of another run
             raise RunDirError(f"Checkpoint {path} belongs to run {manifest['run_id']}, not to this folder's run "
-                              f"{run_id} (config.json): the folder mixes two runs; refusing to resume it.")
+                              f"{run_id} ({self.stored_config_path.name}): the folder mixes two runs; refusing to "
+                              f"resume it.")
         if state.get("run_id") != run_id:
             raise DamagedFileError("it is not a training checkpoint of this run")
         config = manifest.get("config")

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text, write_uncompressed_text
 from vgrpo_lib.benchmarks.reliability import REPO, WAIT_S
 
 __all__ = ["BASE_ARGS", "Trial", "TRIALS", "TrialFolder", "edit_config", "fill", "full_disk", "run_trial", "run_trials", "main"]
@@ -65,15 +66,17 @@ class Trial:
 
 
 def edit_config(run: Path, drop: tuple[str, ...] = (), **changes) -> None:
-    """Edit ``run/config.json`` as a user would: drop the top-level keys ``drop``, set each dotted key of ``changes``."""
-    config = {key: value for key, value in json.loads((run / "config.json").read_text()).items() if key not in drop}
+    """Edit ``run/config.json`` as a user would: drop the top-level keys ``drop``, set each dotted key of ``changes``
+    (a compressed run's ``config.json.gz`` is read, and replaced by the edited ``config.json``)."""
+    path = RunDir(run).config_path
+    config = {key: value for key, value in json.loads(read_stored_text(path)).items() if key not in drop}
     for key, value in changes.items():
         *sections, name = key.split(".")
         target = config
         for section in sections:
             target = target[section]
         target[name] = value
-    (run / "config.json").write_text(json.dumps(config))
+    write_uncompressed_text(path, json.dumps(config))
 
 
 def _config_edit(drop: tuple[str, ...] = (), **changes):
@@ -136,8 +139,6 @@ def _flip_run_id(manifest: dict) -> None:
 def _checkpoint_without(key: str):
     def prepare(folder: TrialFolder):
         import torch
-
-        from vgrpo_lib.algorithms.run_dir import RunDir
 
         run = folder.run_copy()
         edit_config(run, iterations=3)

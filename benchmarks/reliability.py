@@ -4,7 +4,7 @@ The adversarial trial of the reliability issue as a repeatable benchmark. One un
 testbed configuration gives the reference and its duration ``T``; then one run is started and killed ``--kills``
 times, each time after a uniform random delay in ``[0, T]`` from its (re)start (so kills land while Python starts,
 while the run trains, evaluates, writes a checkpoint or prunes old ones), and restarted after each kill:
-``--resume`` when the folder holds a run (``config.json``), else the original command. After the last kill the
+``--resume`` when the folder holds a run (its config: :meth:`RunDir.exists`), else the original command. After the last kill the
 run finishes. The figure is whether its final checkpoint (policy, optimizer state, the trainer's generator, the
 global torch and Python RNGs) and every metrics row equal the uninterrupted run's (:func:`run_differences`), with
 where each kill landed (return code, the newest checkpoint then, leftover temporary files).
@@ -75,7 +75,7 @@ def run_differences(expected_dir: Path, resumed_dir: Path) -> list[str]:
 
 def _landing(out: Path) -> dict:
     """Where a kill landed: the newest checkpoint on disk and the temporary files of unfinished writes."""
-    checkpoints = RunDir(out).checkpoint_paths() if (out / "config.json").exists() else []
+    checkpoints = RunDir(out).checkpoint_paths() if RunDir(out).exists() else []
     return {"newest_checkpoint": checkpoints[-1].name if checkpoints else None,
             "temp_files": sorted(p.name for p in out.rglob(".*.tmp")) if out.exists() else []}
 
@@ -96,7 +96,7 @@ def random_kills(kills: int, seed: int, work: Path, args: list[str] = RUN_ARGS, 
     trial_kills = 0
     while True:
         killed = work / f"trial_{len(record['trials'])}"
-        resume = (killed / "config.json").exists()
+        resume = RunDir(killed).exists()
         done = len(record["kills"]) >= kills
         delay = WAIT_S if done else rng.uniform(0.0, duration)
         process = subprocess.Popen(train_command(killed, args, resume), cwd=REPO, stdout=subprocess.DEVNULL,

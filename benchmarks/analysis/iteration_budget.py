@@ -1,5 +1,6 @@
 """Where an iteration's time and signal go, per algorithm, on the MNIST-SD3 comparisons (issue 30, item 1): from
-the reported runs' own tables (``runs/<run>/metrics.csv``, ``eval.jsonl``, ``config.json``), no training.
+the reported runs' own tables (``runs/<run>/metrics.csv``, ``eval.jsonl``, ``config.json``, each read as stored:
+``NAME.gz`` too), no training.
 
     python -m vgrpo_lib.benchmarks.analysis.iteration_budget > results/iteration-budget/budget.txt
 
@@ -123,7 +124,7 @@ def _diagnostics(rows: list[dict]) -> dict[str, float]:
 
 
 def run_budget(run: Path) -> RunBudget:
-    """The :class:`RunBudget` of the run folder ``run`` (its tables may be stored as ``NAME.gz``)."""
+    """The :class:`RunBudget` of the run folder ``run`` (its config and tables may be stored as ``NAME.gz``)."""
     folder = RunDir(run)
     rows = folder.read_rows("metrics.csv")
     if len(rows) <= WARM_UP + SMOOTH:
@@ -145,7 +146,7 @@ def run_budget(run: Path) -> RunBudget:
         training_middle=statistics.mean(rewards[len(rewards) // 2 - SMOOTH // 2:][:SMOOTH]),
         training_end=statistics.mean(rewards[-SMOOTH:]),
         diagnostics=_diagnostics(rows),
-        settings=_step_control_settings(json.loads((run / "config.json").read_text())),
+        settings=_step_control_settings(folder.read_config()),
     )
 
 

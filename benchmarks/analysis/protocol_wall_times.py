@@ -1,6 +1,6 @@
 """Wall-clock of each protocol comparison whose runs' tables are kept: from its first run's config.json to its
-summary.json (or its compressed copy, which keeps its time; file times: a git checkout resets them, so run this on the
-machine that made the runs).
+summary.json (either, or its compressed copy, which keeps its time; file times: a git checkout resets them, so run
+this on the machine that made the runs).
 
     python -m vgrpo_lib.benchmarks.analysis.protocol_wall_times > results/protocol_wall_times.txt
 """
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from vgrpo_lib.algorithms.run_dir import stored_path
+from vgrpo_lib.algorithms.run_dir import RunDir, stored_path
 from vgrpo_lib.benchmarks.analysis import results_parser
 
 __all__ = ["main", "protocol_wall_times"]
@@ -26,7 +26,7 @@ def protocol_wall_times(results: Path) -> str:
         summary = stored_path(folder / "summary.json")
         if not (folder / "runs").is_dir() or not summary.exists():
             continue
-        start = min(os.path.getmtime(run / "config.json") for run in (folder / "runs").iterdir())
+        start = min(os.path.getmtime(RunDir(run).stored_config_path) for run in (folder / "runs").iterdir())
         end = os.path.getmtime(summary)
         clock = [datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%H:%M:%S") for t in (start, end)]
         lines.append(f"{folder.name}: {(end - start) / 60:.0f} min ({clock[0]} to {clock[1]} UTC)")

@@ -58,10 +58,12 @@ def finished_run(config, run_dir: Path) -> FinishedRun | None:
 def start_or_resume(config, run_dir: Path) -> Trainer | FinishedRun:
     """A new run of ``config`` in ``run_dir``; or the run already there: read back if finished
     (:func:`finished_run`), else continued from its newest checkpoint, so that an interrupted comparison picks
-    up where it stopped. A run of another config there is refused."""
-    if not (run_dir / "config.json").exists():
+    up where it stopped (its config and tables may be kept compressed, as ``vgrpo compress`` leaves them). A run of
+    another config there is refused."""
+    run = RunDir(run_dir)
+    if not run.exists():
         return Trainer(config, run_dir, progress=False)
-    if RunDir(run_dir).train_config().to_json() != config.to_json():
+    if run.train_config().to_json() != config.to_json():
         raise UsageError(f"{run_dir} holds a run of another setting than this comparison's; remove it or choose "
                          f"another --out.")
     return finished_run(config, run_dir) or Trainer.resume(run_dir, progress=False)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import re
 import stat
 
 import numpy as np
@@ -15,9 +16,9 @@ import pytest
 import torch
 
 import vgrpo_lib.integrations.atomic as atomic
-from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.cli import main as cli_main, run_folders
 from vgrpo_lib.algorithms.errors import DamagedFileError, DivergenceError, RunDirError, RunDirExists, RunDirInUse
-from vgrpo_lib.algorithms.run_dir import RunDir, read_csv
+from vgrpo_lib.algorithms.run_dir import RunDir, compressed_path, read_csv
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.testbed import tasks as testbed_tasks
 from tests.algorithms.conftest import TINY
@@ -318,28 +319,75 @@ def test_the_base_column_is_not_the_trained_one_when_eval_jsonl_is_gone(tmp_path
 
 
 def test_compressed_tables_read_back_unchanged_and_a_resumed_run_continues_them(tmp_path, capsys):
-    """`vgrpo compress` replaces a run's tables by gzip copies; every reader gets the same rows, and a run resumed
-    from there writes its tables afresh (the copies, now out of date, are removed): it ends as the uncut run."""
+    """`vgrpo compress` replaces a run's config and tables by gzip copies; every reader gets the same config and rows,
+    and a run resumed from there (its config read from config.json.gz, not rewritten) writes its tables afresh (the
+    copies, now out of date, are removed): it ends as the uncut run, bit for bit."""
     assert cli_main(_cli_train(tmp_path / "straight", "iterations=2")) == 0
     assert cli_main(_cli_train(tmp_path / "run", "iterations=2", "checkpoint_every=1")) == 0
     run = RunDir(tmp_path / "run")
-    tables = {name: (run.root / name).read_bytes() for name in ("metrics.csv", "eval.csv", "eval.jsonl")}
-    written = {name: (run.root / name).stat().st_mtime_ns for name in tables}
+    config, run_id = run.train_config().to_json(), run.run_id()
+    stored = {name: (run.root / name).read_bytes() for name in ("config.json", "metrics.csv", "eval.csv", "eval.jsonl")}
+    written = {name: (run.root / name).stat().st_mtime_ns for name in stored}
     rows, records, evaluations = run.read_rows("metrics.csv"), run.read_jsonl("eval.jsonl"), read_csv(run.root / "eval.csv")
     capsys.readouterr()
     assert cli_main(["compress", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{tmp_path}: 6 tables of 2 runs compressed, ")
-    for name, data in tables.items():
+    assert capsys.readouterr().out.startswith(f"{tmp_path}: 8 files (configs and tables) of 2 runs compressed, ")
+    for name, data in stored.items():
         assert not (run.root / name).exists() and gzip.decompress((run.root / f"{name}.gz").read_bytes()) == data
         assert (run.root / f"{name}.gz").stat().st_mtime_ns == written[name]  # when the run wrote it
+    assert run_folders(tmp_path) == [run.root, tmp_path / "straight"]  # still runs, found by their config.json.gz
+    assert run.exists() and run.stored_config_path == run.root / "config.json.gz"
+    assert run.train_config().to_json() == config and run.run_id() == run_id
     assert run.read_rows("metrics.csv") == rows and run.read_jsonl("eval.jsonl") == records
     assert read_csv(run.root / "eval.csv") == evaluations
     newest = run.checkpoint_paths()[-1]
     newest.unlink()  # so that --resume has an iteration left to train
     newest.with_suffix(".json").unlink()
     assert cli_main(["train", "--out", str(run.root), "--resume"]) == 0
-    assert not list(run.root.glob("*.gz"))
+    assert [path.name for path in run.root.glob("*.gz")] == ["config.json.gz"] and not run.config_path.exists()
     assert _strip(read_csv(run.root / "metrics.csv")) == _strip(read_csv(tmp_path / "straight" / "metrics.csv"))
+    ended = [RunDir(tmp_path / name).load_latest_checkpoint() for name in ("straight", "run")]
+    assert ended[0]["iteration"] == ended[1]["iteration"] == 2
+    for key, value in ended[0]["policy"].items():
+        assert torch.equal(value, ended[1]["policy"][key]), key
+    assert torch.equal(ended[0]["rng"]["torch"], ended[1]["rng"]["torch"])
+
+
+def test_a_compressed_run_restarted_from_iteration_zero_keeps_one_config(tiny_config, tmp_path):
+    """A compressed run without a checkpoint restarts from iteration 0 and writes its config afresh: the compressed
+    copy, out of date then, is removed (never two copies that may disagree), and the run keeps its id."""
+    run = RunDir(tmp_path / "run")
+    Trainer(tiny_config("vgrpo", "iterations=1"), run.root, progress=False).train()
+    run_id = run.run_id()
+    for path in run.checkpoint_paths():
+        path.unlink()
+        path.with_suffix(".json").unlink()
+    run.compress_tables()
+    assert not run.config_path.exists() and compressed_path(run.config_path).exists()
+    with pytest.warns(UserWarning, match="no checkpoint yet"):
+        resumed = Trainer.resume(run.root, progress=False)
+    resumed.train()
+    assert run.config_path.exists() and not compressed_path(run.config_path).exists()
+    assert run.run_id() == run_id and [p.name for p in run.checkpoint_paths()] == ["iter_000001.pt"]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"not gzip at all", "config.json.gz is not a readable text file"),
+    (gzip.compress(b"{truncated"), "config.json.gz (the run's config) is not valid JSON"),
+    (gzip.compress(b'["a list"]'), "config.json.gz is damaged: it holds a JSON list, not an object"),
+], ids=["not gzip", "not JSON", "not an object"])
+def test_a_damaged_compressed_config_is_named(tmp_path, capsys, data, message):
+    assert cli_main(_cli_train(tmp_path / "run", "iterations=1")) == 0
+    run = RunDir(tmp_path / "run")
+    run.compress_tables()
+    compressed_path(run.config_path).write_bytes(data)
+    with pytest.raises(DamagedFileError, match=re.escape(message)):
+        run.train_config()
+    capsys.readouterr()
+    assert cli_main(["train", "--out", str(run.root), "--resume"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"vgrpo train: error: {run.root}/config.json.gz") and message in err, err
+    assert err.count("\n") == 1, err
 
 
 def test_a_damaged_compressed_table_is_named_and_a_run_in_use_is_not_compressed(tmp_path, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import vgrpo_lib.benchmarks.analysis as analysis
-from vgrpo_lib.algorithms.run_dir import read_stored_text
+from vgrpo_lib.algorithms.run_dir import RunDir, compress_file, read_stored_text
 from vgrpo_lib.benchmarks.analysis.comparison_gaps import comparison_gaps
 from vgrpo_lib.benchmarks.analysis.cpu_vs_gpu import cpu_vs_gpu
 from vgrpo_lib.benchmarks.analysis.first_iteration_rewards import first_iteration_rewards
@@ -72,10 +72,18 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
         _touch(tmp_path / "protocol-x" / "runs" / name / "eval.jsonl", day + end)
     _touch(tmp_path / "protocol-x" / "summary.json", day + 600)
     assert protocol_wall_times(tmp_path) == "protocol-x: 10 min (08:00:00 to 08:10:00 UTC)\n"
-    assert comparison_gaps(tmp_path / "protocol-x") == (
+    gaps = comparison_gaps(tmp_path / "protocol-x")
+    assert gaps == (
         "tuning runs (1): 1.0 min from the first start to the last evaluation, 0 s (0.0 min) of it between runs\n"
         "vgrpo_one_step_lr0.001_seed0 -> vgrpo_one_step_lr0.001_seed1: 50 s\n"
         "reported runs (2): 2.8 min from the first start to the last evaluation, 50 s (0.8 min) of it between runs\n")
+    # Kept compressed as results/ keeps them (configs and tables by `vgrpo compress RUN`, each copy with its file's
+    # time), the reports are the same.
+    for run in (tmp_path / "protocol-x" / "runs").iterdir():
+        assert [table.path.name for table in RunDir(run).compress_tables()] == ["config.json.gz", "eval.jsonl.gz"]
+    compress_file(tmp_path / "protocol-x" / "summary.json")
+    assert protocol_wall_times(tmp_path) == "protocol-x: 10 min (08:00:00 to 08:10:00 UTC)\n"
+    assert comparison_gaps(tmp_path / "protocol-x") == gaps
 
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():

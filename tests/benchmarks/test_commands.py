@@ -71,12 +71,14 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert {name: (tmp_path / "runs" / name / "metrics.csv").stat().st_mtime_ns for name in runs} == stamps
-    # Compressed as results/ keeps it (`vgrpo compress`), the comparison is read back the same, nothing retrained.
+    # Compressed as results/ keeps it (`vgrpo compress`: the runs' configs too), the comparison is read back the
+    # same, nothing retrained.
     from vgrpo_lib.algorithms.cli import main as cli_main
 
     assert cli_main(["compress", str(tmp_path)]) == 0
-    assert f"{tmp_path}: 30 tables of 10 runs compressed" in capsys.readouterr().out
+    assert f"{tmp_path}: 40 files (configs and tables) of 10 runs compressed" in capsys.readouterr().out
     assert not list(tmp_path.glob("runs/*/*.csv")) and not list(tmp_path.glob("runs/*/*.jsonl"))
+    assert not list(tmp_path.glob("runs/*/config.json")) and len(list(tmp_path.glob("runs/*/config.json.gz"))) == 10
     run_compare(tmp_path, task="digits8", seeds=2, quick=True, variants=("vgrpo", "diffusion_nft"),
                 learning_rates=(1e-3,), overrides=tiny, iterations=3)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary

@@ -1,5 +1,6 @@
 """A comparison's records kept compressed (``vgrpo compress FILE``, as results/ keeps its summaries, protocols and
-longer logs): read back exactly by every reader, refused where a run reads its own files only as they are."""
+longer logs; ``vgrpo compress RUN``, its runs' configs and tables): read back exactly by every reader, a run's own
+files refused alone."""
 
 import gzip
 import json
@@ -8,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.cli import main as cli_main, run_folders
 from vgrpo_lib.algorithms.errors import DamagedFileError
-from vgrpo_lib.algorithms.run_dir import compress_file, read_stored_text, stored_path, write_uncompressed_text
+from vgrpo_lib.algorithms.presets import build_config
+from vgrpo_lib.algorithms.run_dir import RunDir, compress_file, read_stored_text, stored_path, write_uncompressed_text
 from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
-from vgrpo_lib.benchmarks.compare import check_comparison_folder
+from vgrpo_lib.benchmarks.compare import FinishedRun, check_comparison_folder, start_or_resume
+from tests.algorithms.conftest import TINY
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 WRITTEN_NS = 1_800_000_000 * 10**9  # 2027-01-15 08:00:00 UTC
@@ -54,11 +57,45 @@ def test_compress_refuses_a_compressed_file_and_what_a_run_reads_as_it_is(tmp_pa
         (run / name).write_text(text)
     for own in ("config.json", ".lock", "checkpoints/iter_000001.json"):
         assert cli_main(["compress", str(run / own)]) == 2
-        assert f"is read by the run {run} only uncompressed" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert f"is one of the run {run}'s own files (its config, lock or checkpoints), not compressed alone" in err
+        assert f"`vgrpo compress {run}` compresses its config and tables" in err
         assert (run / own).exists() and not (run / f"{own}.gz").exists()
     for name in ("metrics.csv", "train.log"):  # a table, and the run's printed output kept beside it (as results/ does)
         assert cli_main(["compress", str(run / name)]) == 0
         assert read_stored_text(run / name) == files[name] and not (run / name).exists()
+    assert cli_main(["compress", str(run)]) == 0  # the whole run: its config as well, its lock and checkpoints never
+    assert read_stored_text(run / "config.json") == files["config.json"] and not (run / "config.json").exists()
+    assert (run / ".lock").exists() and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000001.json"]
+    assert cli_main(["compress", str(run / "config.json.gz")]) == 2
+    assert "config.json.gz is already compressed" in capsys.readouterr().err
+
+
+def test_a_run_compressed_whole_is_still_a_run_and_a_comparison_reads_it_back(tmp_path, capsys):
+    """``vgrpo compress RUN`` compresses the config too: the run is still listed, its config and id read back, and a
+    comparison given the same setting takes it as finished (nothing retrained); another setting is refused."""
+    config = build_config("vgrpo", None, "testbed", TINY)  # 2 iterations, no evaluation between
+    finished, started = RunDir(tmp_path / "finished"), RunDir(tmp_path / "started")
+    for run, iterations in ((finished, 2), (started, 1)):
+        run.write_config(config.to_json(), run.root.name)
+        run.write_rows("metrics.csv", [{"iteration": i, "reward_mean": 0.5 + i / 10} for i in range(iterations)])
+    finished.write_jsonl("eval.jsonl", [{"iteration": i, "reward_mean": 0.4 + i / 10} for i in (0, 2)])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "config.json.gz").write_bytes(gzip.compress(b"{}"))  # no table: not a run
+    assert cli_main(["compress", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}: 5 files (configs and tables) of 2 runs compressed, ")
+    assert sorted(p.name for p in finished.root.iterdir()) == ["config.json.gz", "eval.jsonl.gz", "metrics.csv.gz"]
+    assert run_folders(tmp_path) == [finished.root, started.root]
+    assert finished.exists() and finished.train_config().to_json() == config.to_json()
+    assert finished.run_id() == "finished" and finished.read_config() == json.loads(config.to_json())
+    back = start_or_resume(config, finished.root)
+    assert isinstance(back, FinishedRun) and back.metrics == finished.read_rows("metrics.csv")
+    assert back.evaluations == finished.read_jsonl("eval.jsonl")
+    other = build_config("vgrpo", None, "testbed", [*TINY, "group_size=2"])
+    with pytest.raises(ValueError, match="holds a run of another setting"):
+        start_or_resume(other, finished.root)
+    with pytest.raises(ValueError, match="holds a run of another setting"):
+        start_or_resume(other, started.root)
 
 
 def test_a_comparison_folder_with_compressed_records_may_be_continued(tmp_path):
@@ -72,13 +109,14 @@ def test_a_comparison_folder_with_compressed_records_may_be_continued(tmp_path):
 
 def test_the_analyses_read_a_compressed_summary_as_the_plain_one(tmp_path):
     committed = read_stored_text(RESULTS / "compare-mnist-sd3-ocr" / "summary.json")
-    for name in ("plain", "packed"):
+    for name in ("plain", "packed"):  # the packed comparison's run keeps its config compressed as well
         (tmp_path / name / "runs" / "vgrpo_one_step_lr0.001_seed0").mkdir(parents=True)
         (tmp_path / name / "runs" / "vgrpo_one_step_lr0.001_seed0" / "config.json").write_text("{}")
         (tmp_path / name / "summary.json").write_text(committed)
         for path in (tmp_path / name / "runs" / "vgrpo_one_step_lr0.001_seed0" / "config.json", tmp_path / name / "summary.json"):
             os.utime(path, ns=(WRITTEN_NS, WRITTEN_NS + 600 * 10**9 * (path.name == "summary.json")))
     compress_file(tmp_path / "packed" / "summary.json")
+    compress_file(tmp_path / "packed" / "runs" / "vgrpo_one_step_lr0.001_seed0" / "config.json")
     report = heldout_selection(tmp_path).splitlines()
     assert report[0].startswith("packed (held-out target ") and len(report) % 2 == 1
     half = (len(report) - 1) // 2
