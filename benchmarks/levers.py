@@ -21,6 +21,9 @@ it was (e.g. two epochs where the comparison already chose two) is refused by na
 Not tuned: a lever runs at the chosen learning rate; one that shifts the best learning rate (more steps per rollout
 move the policy further) reads as worse than it is, which the report's text must say where it matters.
 Runs are kept as ``OUT/runs/CELL_seedS`` and, like a comparison's, read back or resumed when the command is run again.
+The levers can start as soon as the comparison has chosen its settings (its ``protocol.json``, written before its
+reported runs): the ratios need its reported runs, so the command run again after the comparison has finished adds
+them without training anything.
 """
 
 from __future__ import annotations
@@ -69,17 +72,22 @@ def cell_overrides(cell: str) -> list[str]:
     return [override for name in names for override in LEVERS[name]]
 
 
-def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict]:
-    """The protocol and summary of a finished comparison; refused by name when it is unfinished or lacks ``variant``."""
+def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict | None]:
+    """The protocol of a comparison whose settings are chosen, and its summary once it has finished (None before:
+    the levers' runs need only the chosen setting and the targets, the ratios need the reported runs); refused by
+    name before the tuning has chosen, or when the comparison lacks ``variant``."""
     try:
         protocol = json.loads(read_stored_text(comparison / "protocol.json"))
-        summary = json.loads(read_stored_text(comparison / "summary.json"))
     except FileNotFoundError as error:
-        raise UsageError(f"--comparison {comparison} is not a finished comparison ({error}); run `vgrpo compare` "
-                         f"there to its end first.") from error
-    if variant not in summary["per_seed"]:
+        raise UsageError(f"--comparison {comparison} has chosen no setting yet ({error}); run `vgrpo compare` there "
+                         f"past its tuning first.") from error
+    if variant not in protocol["chosen"]:
         raise UsageError(f"--variant {variant!r} is not in the comparison {comparison}; it has "
-                         f"{', '.join(summary['per_seed'])}.")
+                         f"{', '.join(protocol['chosen'])}.")
+    try:
+        summary = json.loads(read_stored_text(comparison / "summary.json"))
+    except FileNotFoundError:
+        return protocol, None
     return protocol, summary
 
 
@@ -90,8 +98,8 @@ def _ratios(cell_runs: list[dict], reference_runs: list[dict]) -> dict:
 
 
 def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo", cells: list[str]) -> dict:
-    """Train ``variant`` of the finished ``comparison`` at its chosen setting with each cell's levers, on the
-    comparison's reported seeds, and write ``OUT/levers.json`` and ``OUT/levers.md`` (see the module doc)."""
+    """Train ``variant`` of ``comparison`` at the setting it chose with each cell's levers, on the comparison's
+    reported seeds, and write ``OUT/levers.json`` and ``OUT/levers.md`` (see the module doc)."""
     comparison, out = Path(comparison), Path(out)
     if not cells:
         raise UsageError("Name at least one lever (--levers) or combination (--combine).")
@@ -108,31 +116,31 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
         if config(seeds[0], cell_overrides(cell)).to_json() == config(seeds[0], []).to_json():
             raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
                              f"{chosen['lr']:g}) unchanged: it measures nothing.")
+    references = {} if summary is None else {name: summary["per_seed"][name] for name in (variant, COMPARED_WITH)
+                                              if name in summary["per_seed"]}
     report = {"comparison": str(comparison), "variant": variant, "chosen": chosen, "seeds": seeds,
               "target": protocol["target"], "heldout_target": protocol["heldout"]["target"],
-              "unchanged": aggregate_seeds(summary["per_seed"][variant]), "cells": {}}
-    if COMPARED_WITH in summary["per_seed"]:
-        report[COMPARED_WITH] = aggregate_seeds(summary["per_seed"][COMPARED_WITH])
+              "comparison_finished": summary is not None,
+              "references": {name: aggregate_seeds(runs) for name, runs in references.items()}, "cells": {}}
     for cell in cells:
         runs = []
         for seed in seeds:
             run, how = train_to_end(config(seed, cell_overrides(cell)), out / "runs" / f"{cell}_seed{seed}")
             runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
-        report["cells"][cell] = {
-            "overrides": cell_overrides(cell), **aggregate_seeds(runs), "per_seed": runs,
-            "over_unchanged": _ratios(runs, summary["per_seed"][variant]),
-            **({f"over_{COMPARED_WITH}": _ratios(runs, summary["per_seed"][COMPARED_WITH])}
-               if COMPARED_WITH in summary["per_seed"] else {}),
-        }
+        report["cells"][cell] = {"overrides": cell_overrides(cell), **aggregate_seeds(runs), "per_seed": runs,
+                                 "over": {name: _ratios(runs, reference) for name, reference in references.items()}}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
     return report
 
 
 def _ratio_text(ratio: dict | None) -> str:
-    if ratio is None or ratio["ratio"] is None:
-        return "not reached"
+    """A ratio cell: "—" without a reference to divide by, "not estimable" where a median seed never reached it."""
+    if ratio is None:
+        return "—"
+    if ratio["ratio"] is None:
+        return "not estimable"
     interval = "" if ratio["interval"] is None else f" [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
     return f"{ratio['ratio']:.2f}{interval}"
 
@@ -142,22 +150,25 @@ def _seconds(row: dict, key: str) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The report as a table: a row per cell, the unchanged setting (and DiffusionNFT) first."""
-    lines = [f"{report['variant']} at the setting {report['comparison']} chose ({report['chosen']['step_control']}, lr "
+    """The report as a table: a row per cell, the comparison's own rows of the algorithm (unchanged) and of
+    DiffusionNFT first; ratios over each of them once the comparison has finished."""
+    variant = report["variant"]
+    lines = [f"{variant} at the setting {report['comparison']} chose ({report['chosen']['step_control']}, lr "
              f"{report['chosen']['lr']:g}), seeds {report['seeds']}; held-out target {report['heldout_target']:.4f}, "
              f"training target {report['target']:.4f}. Times: median over seeds (seeds that reached it). Ratios: "
-             f"median time over the other's, 90% bootstrap interval.", "",
-             "| cell | held-out time | training time | final held-out reward | over unchanged (held-out) | "
-             f"over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |",
-             "|---|---|---|---|---|---|---|"]
-    rows = [("unchanged", report["unchanged"], None)]
-    rows += [(COMPARED_WITH, report[COMPARED_WITH], None)] if COMPARED_WITH in report else []
-    rows += [(name, cell, cell) for name, cell in report["cells"].items()]
-    for name, row, cell in rows:
-        ratios = ["", "", ""] if cell is None else [
-            _ratio_text(cell["over_unchanged"].get("heldout_time_to_target_s")),
-            _ratio_text(cell.get(f"over_{COMPARED_WITH}", {}).get("heldout_time_to_target_s")),
-            _ratio_text(cell.get(f"over_{COMPARED_WITH}", {}).get("time_to_target_s"))]
+             f"median time over the other's, 90% bootstrap interval.", ""]
+    if not report["comparison_finished"]:
+        lines += ["The comparison has not finished: no ratios yet (run this command again after it: the runs are "
+                  "read back).", ""]
+    lines += [f"| cell | held-out time | training time | final held-out reward | over unchanged {variant} (held-out) | "
+              f"over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |", "|---|---|---|---|---|---|---|"]
+    rows = [(f"{name} (comparison)", row, None) for name, row in report["references"].items()]
+    rows += [(name, cell, cell["over"]) for name, cell in report["cells"].items()]
+    for name, row, over in rows:
+        ratios = ["", "", ""] if over is None else [
+            _ratio_text(over.get(variant, {}).get("heldout_time_to_target_s")),
+            _ratio_text(over.get(COMPARED_WITH, {}).get("heldout_time_to_target_s")),
+            _ratio_text(over.get(COMPARED_WITH, {}).get("time_to_target_s"))]
         reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
         lines.append(f"| {name} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
                      f"{reward} | " + " | ".join(ratios) + " |")

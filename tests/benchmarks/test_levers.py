@@ -46,35 +46,48 @@ def test_each_cell_runs_the_chosen_setting_plus_its_levers_against_the_compariso
             assert row == pytest.approx(expected, nan_ok=True)
 
     # The ratios are the cell's median over the unchanged setting's (the comparison's own runs) and DiffusionNFT's.
-    for reference, key in ((summary["per_seed"]["vgrpo"], "over_unchanged"),
-                           (summary["per_seed"]["diffusion_nft"], "over_diffusion_nft")):
+    assert report["comparison_finished"] and set(report["references"]) == {"vgrpo", "diffusion_nft"}
+    for key, reference in summary["per_seed"].items():
         cell_median, reference_median = (statistics.median(math.inf if r["nfe_to_target"] is None else r["nfe_to_target"]
                                                            for r in runs)
                                           for runs in (report["cells"]["k8"]["per_seed"], reference))
-        ratio = report["cells"]["k8"][key]["nfe_to_target"]["ratio"]
+        ratio = report["cells"]["k8"]["over"][key]["nfe_to_target"]["ratio"]
         if math.isinf(cell_median) or math.isinf(reference_median):
             assert ratio is None  # a median seed that never reached the target: not estimable
         else:
             assert ratio == pytest.approx(cell_median / reference_median)
     assert json.loads((tmp_path / "levers.json").read_text()) == json.loads(json.dumps(report))
     table = (tmp_path / "levers.md").read_text()
-    assert "| unchanged |" in table and "| diffusion_nft |" in table and "| k8+ema_eval |" in table
+    assert "| vgrpo (comparison) |" in table and "| diffusion_nft (comparison) |" in table and "| k8+ema_eval |" in table
 
 
-def test_a_second_command_reads_the_finished_runs_back(comparison, tmp_path, monkeypatch, capsys):
-    first = levers.run_levers(comparison, tmp_path, cells=["ema_eval"])
+def test_levers_start_once_the_settings_are_chosen_and_a_second_command_adds_the_ratios(comparison, tmp_path,
+                                                                                       monkeypatch, capsys):
+    # A comparison in its reported phase: protocol.json written, no summary yet.
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "protocol.json").write_text((comparison / "protocol.json").read_text())
+    early = levers.run_levers(unfinished, tmp_path / "levers", cells=["ema_eval"])
+    assert not early["comparison_finished"] and early["references"] == {}
+    assert early["cells"]["ema_eval"]["over"] == {}
+    assert "has not finished: no ratios yet" in (tmp_path / "levers" / "levers.md").read_text()
 
     def no_training(self):
         raise AssertionError("a finished lever run was trained again")
 
     monkeypatch.setattr(Trainer, "train", no_training)
-    assert main(["levers", "--comparison", str(comparison), "--levers", "ema_eval", "--out", str(tmp_path)]) == 0
-    assert "(read back)" in capsys.readouterr().out
-    assert json.loads((tmp_path / "levers.json").read_text()) == json.loads(json.dumps(first))
+    # Finished (its summary there), the same command reads every lever run back and adds the ratios.
+    (unfinished / "summary.json").write_text((comparison / "summary.json").read_text())
+    assert main(["levers", "--comparison", str(unfinished), "--levers", "ema_eval", "--out",
+                 str(tmp_path / "levers")]) == 0
+    assert capsys.readouterr().out.count("(read back)") == 2
+    late = json.loads((tmp_path / "levers" / "levers.json").read_text())
+    assert late["comparison_finished"] and set(late["cells"]["ema_eval"]["over"]) == {"vgrpo", "diffusion_nft"}
+    assert late["cells"]["ema_eval"]["per_seed"] == json.loads(json.dumps(early["cells"]["ema_eval"]["per_seed"]))
 
 
 def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, monkeypatch):
-    with pytest.raises(UsageError, match="not a finished comparison"):
+    with pytest.raises(UsageError, match="has chosen no setting yet"):
         levers.run_levers(tmp_path / "nothing", tmp_path / "out", cells=["k8"])
     with pytest.raises(UsageError, match="'awm' is not in the comparison"):
         levers.run_levers(comparison, tmp_path / "out", variant="awm", cells=["k8"])
