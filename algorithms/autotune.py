@@ -10,6 +10,21 @@ start from it (and halve again should memory grow), it is logged per iteration (
 ``micro_batch_update``) and saved in every checkpoint, so a resumed run uses the size that made the checkpoint
 instead of searching again. A run is reproduced by setting the recorded sizes by hand: the results depend on the
 size, never on how it was found.
+
+The prepare phase's forwards (:meth:`~vgrpo_lib.algorithms.base.Algorithm.prepare_forward`: V-GRPO's and FPO's
+behaviour surrogates on the K pairs of each sample, once per rollout before the gradient steps) run in micro-batches
+of the update's size, under the update's key and record, not a search of their own. They evaluate, without
+gradient, the model the update then evaluates with gradient, on the same rows (a row: a sample and its K pairs).
+What a forward without gradient holds at n rows (the weights, and one layer's activations at a time) is a part of
+what the update holds at n rows at the same moment (the weights, the activations of every layer kept for the
+backward, the gradients), so the size that fits the update fits the prepare. The converse does not hold, so under
+AUTO the prepare searches only while the update has no size yet (iteration 0, where it runs first): a size the
+forward without gradient does not fit, the update does not fit either, so the update's search starts where the
+prepare's ended and loses nothing. From then on the prepare runs at the update's size. (Flow-GRPO's and
+GRPO-Guard's old log-probabilities and means are recorded by the rollout, DiffusionNFT's old policy is evaluated
+in the update: their prepare has no forwards.) The prepare's entries depend on each row alone, so its size changes
+them only by float rounding: the one place where a tuned run and the run with its recorded size set by hand may
+differ (iteration 0's prepare ran at the size of its own search).
 """
 
 from __future__ import annotations
@@ -68,14 +83,17 @@ class MicroBatchSizes:
                 raise ValueError(f"MicroBatchSizes: {phase} must be {MICRO_BATCH_SIZE.text} or None, got {value!r}.")
         self.tuned: dict[str, int | None] = {phase: None for phase in PHASES}  # None: not searched yet
 
-    def run(self, phase: str, rows: int, attempt: Callable[[int], T], rewind: Callable[[], None]) -> T:
+    def run(self, phase: str, rows: int, attempt: Callable[[int], T], rewind: Callable[[], None], *,
+            step: str | None = None) -> T:
         """``attempt(n)`` with ``n`` the phase's micro-batch for a batch of ``rows`` rows (at most ``rows``): its
-        configured size, or under :data:`AUTO` the largest that fits, starting from the size recorded so far."""
+        configured size, or under :data:`AUTO` the largest that fits, starting from the size recorded so far.
+        ``step``: what runs, when not the phase itself (``"prepare"`` at the update's size), for the error."""
         setting = self.settings[phase]
         if setting != AUTO:
             return attempt(rows if setting is None else min(setting, rows))
         start = rows if self.tuned[phase] is None else min(self.tuned[phase], rows)
-        result, size = fit_micro_batch(attempt, start, rewind=rewind, what=f"The {phase} ({KEYS[phase]}={AUTO})")
+        what = f"The {step or phase} ({KEYS[phase]}={AUTO})"
+        result, size = fit_micro_batch(attempt, start, rewind=rewind, what=what)
         if self.tuned[phase] is None or size < start:  # a smaller batch that fitted at its own size keeps the record
             self.tuned[phase] = size
         return result

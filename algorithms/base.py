@@ -5,7 +5,8 @@ algorithm owns only what makes it different:
 
 - ``rollout``: how samples are generated (and what is recorded on the way);
 - ``prepare``: what is computed once per rollout before the gradient steps (pairs and old surrogates;
-  per-transition rows; nothing);
+  per-transition rows; nothing), its model forwards row by row in ``prepare_forward``, which the trainer runs in
+  micro-batches of ``optim.micro_batch_size`` rows;
 - ``loss``: the TorchRL loss module applied to a minibatch;
 - ``after_iteration``: old-policy updates;
 - ``nfe``: model evaluations per sample per iteration, for cost accounting.
@@ -72,8 +73,17 @@ class Algorithm:
         return TensorDict({"sample": sample, "cond": cond, "group": group}, batch_size=[group.shape[0]])
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
-        """Training rows from a scored rollout (with ``"advantage"``); default: the rollout itself."""
+        """Training rows from a scored rollout (with ``"advantage"``); default: the rollout itself. The rows' model
+        forwards are left to :meth:`prepare_forward`."""
         return batch
+
+    def prepare_forward(self, rows: TensorDictBase) -> dict[str, torch.Tensor]:
+        """The prepare phase's model forwards, without gradient, on ``rows`` (``[n]``, a micro-batch of
+        :meth:`prepare`'s rows): the entries they add to those rows, each with n rows (V-GRPO: the behaviour policy's
+        surrogates). The trainer calls it where :meth:`nfe` counts prepare evaluations, on micro-batches of
+        ``optim.micro_batch_size`` rows (:mod:`vgrpo_lib.algorithms.autotune` says why the update's size fits),
+        so its entries must depend on each row alone. Default: none."""
+        return {}
 
     def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
         """The loss module's output on ``minibatch`` (rows of :meth:`prepare`): ``loss_*`` and diagnostics."""

@@ -135,9 +135,9 @@ class OptimConfig(Section):
     )
     micro_batch_size: int | str | None = setting(
         None, rule=MICRO_BATCH_SIZE,
-        help="Rows per forward/backward inside a minibatch (gradient accumulation). None: the whole minibatch. auto: "
-             "the largest that fits in memory (halved on out-of-memory, recorded in the metrics and checkpoints; "
-             "one process only).",
+        help="Rows per forward/backward inside a minibatch (gradient accumulation), and per forward of the prepare "
+             "phase (V-GRPO's old surrogates). None: the whole minibatch (and rollout). auto: the largest that fits in "
+             "memory (halved on out-of-memory, recorded in the metrics and checkpoints; one process only).",
     )
     max_nonfinite_steps: int = setting(
         5, rule=AT_LEAST_ONE, help="Abort after this many consecutive skipped (non-finite) gradient steps.",

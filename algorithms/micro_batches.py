@@ -1,4 +1,5 @@
-"""Gradient accumulation: one minibatch's gradient from micro-batches of ``optim.micro_batch_size`` rows."""
+"""The training forwards in micro-batches of ``optim.micro_batch_size`` rows: gradient accumulation (one minibatch's
+gradient from its micro-batches) and the prepare phase's forwards without gradient, at the same size."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 from vgrpo_lib.integrations.distributed import gradient_sync, metric_extreme
 from vgrpo_lib.losses import total_loss
 
-__all__ = ["accumulate_gradients"]
+__all__ = ["accumulate_gradients", "forward_in_micro_batches"]
 
 
 def accumulate_gradients(loss: Callable[[TensorDictBase, torch.Generator], TensorDictBase], policy: nn.Module,
@@ -41,3 +42,15 @@ def accumulate_gradients(loss: Callable[[TensorDictBase, torch.Generator], Tenso
             else:
                 combined[key] = combined[key] + value * share
     return combined
+
+
+@torch.no_grad()
+def forward_in_micro_batches(forward: Callable[[TensorDictBase], dict[str, torch.Tensor]], rows: TensorDictBase,
+                             micro_batch_size: int | None) -> dict[str, torch.Tensor]:
+    """``forward(micro)`` (entries with one row per row of ``micro``) on ``rows`` (``[N]``) in micro-batches of
+    ``micro_batch_size`` rows (None: all at once), without gradient; each entry joined along the rows: ``[N, ...]``."""
+    size = micro_batch_size
+    if size is None or size >= rows.shape[0]:
+        return forward(rows)
+    parts = [forward(micro) for micro in rows.split(size)]
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}

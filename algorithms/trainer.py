@@ -37,7 +37,7 @@ from vgrpo_lib.algorithms.errors import DamagedFileError, UsageError
 from vgrpo_lib.algorithms.costs import PhaseClock
 from vgrpo_lib.algorithms.evaluation import evaluate_policy, guidance_label
 from vgrpo_lib.algorithms.gradient_steps import GradientSteps
-from vgrpo_lib.algorithms.micro_batches import accumulate_gradients
+from vgrpo_lib.algorithms.micro_batches import accumulate_gradients, forward_in_micro_batches
 from vgrpo_lib.algorithms.plots import plot_run
 from vgrpo_lib.algorithms.policies import WeightEMA
 from vgrpo_lib.algorithms.precision import autocast
@@ -257,6 +257,21 @@ class Trainer:
 
         return self.micro_batches.run("update", minibatch.shape[0], attempt, self._rewinder(gradients=True))
 
+    def _prepare(self, batch: TensorDict) -> TensorDict:
+        """The algorithm's training rows of the scored rollout ``batch``, their forwards without gradient
+        (:meth:`~vgrpo_lib.algorithms.base.Algorithm.prepare_forward`) in micro-batches of the update's size
+        (``optim.micro_batch_size``; ``auto``: see :mod:`vgrpo_lib.algorithms.autotune`)."""
+        with self._autocast():
+            rows = self.algorithm.prepare(batch, self.generator)
+        if not self.algorithm.nfe()["prepare"]:
+            return rows
+
+        def attempt(size: int) -> dict[str, torch.Tensor]:
+            with self._autocast():
+                return forward_in_micro_batches(self.algorithm.prepare_forward, rows, size)
+
+        return rows.update(self.micro_batches.run("update", rows.shape[0], attempt, self._rewinder(), step="prepare"))
+
     def _rollout_and_score(self, cond, group: torch.Tensor, prompts, clock: PhaseClock) -> TensorDict:
         """This iteration's rollout with its ``"reward"`` (``[N]``, ``[N, R]`` for a multi-reward): the algorithm's
         rollout in micro-batches of ``rollout.micro_batch_size`` samples (``auto``: the largest that fits), each
@@ -299,8 +314,7 @@ class Trainer:
         advantage = self.advantage(scores, groups)
         batch["advantage"] = self.shard.local(advantage)
         clock.mark("reward")
-        with self._autocast():
-            rows = self.algorithm.prepare(batch, self.generator)
+        rows = self._prepare(batch)
         clock.mark("prepare")
         losses = self.gradient_steps(rows, self.generator, self.counters, self.iteration)
         self.control.observe(losses)  # the adaptive KL coefficients follow the measured KL

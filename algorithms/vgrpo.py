@@ -3,8 +3,8 @@ log-likelihood.
 
     rollout   any deterministic ODE solver (the objective does not depend on the trajectory)
     prepare   K timestep-noise pairs per sample (shared by the prompt group), and the behaviour policy's
-              surrogates s_old on them (skipped with one gradient step per rollout: the ratio is then
-              exactly 1 and s_theta.detach() stands in, which saves K forwards per sample)
+              surrogates s_old on them, in micro-batches (skipped with one gradient step per rollout: the ratio
+              is then exactly 1 and s_theta.detach() stands in, which saves K forwards per sample)
     loss      VGRPOLoss: clipped ratio exp(s_theta - s_old), optional x-space KL to the behaviour / base policy
 
 Cost per sample and iteration: rollout steps + K without grad (unless single-step) + K per gradient step.
@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.algorithms.base import Algorithm
-from vgrpo_lib.batches import vgrpo_batch
+from vgrpo_lib.batches import old_surrogate, vgrpo_batch
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 
@@ -57,10 +57,13 @@ class VGRPO(Algorithm):
         shard = self.shard
         sample, group = shard.global_like(batch["sample"]), shard.all_gather(batch["group"])
         pairs = shard.local(self.estimator.sample_pairs(sample, group, generator))
-        behaviour = None if self.single_step else self.policy
-        keep_x_pred = behaviour is not None and self.config.vgrpo.behaviour_kl_coef is not None
-        return batch.update(vgrpo_batch(self.estimator, batch["sample"], batch["cond"], batch["advantage"], pairs=pairs,
-                                        behaviour=behaviour, keep_x_pred=keep_x_pred))
+        return batch.update(vgrpo_batch(self.estimator, batch["sample"], batch["cond"], batch["advantage"], pairs=pairs))
+
+    def prepare_forward(self, rows: TensorDict) -> dict[str, torch.Tensor]:
+        """The behaviour policy's (the policy before this rollout's steps) ``"old_log_prob"`` ``(n,)`` on the rows'
+        pairs, and its ``"old_x_pred"`` ``(n, K, *D)`` for the KL to it; run unless one step per rollout."""
+        keep_x_pred = self.config.vgrpo.behaviour_kl_coef is not None
+        return old_surrogate(self.estimator, self.policy, rows["sample"], rows["cond"], rows["pairs"], keep_x_pred)
 
     def nfe(self) -> dict[str, int]:
         k, epochs = self.estimator.num_pairs, self.config.optim.epochs

@@ -73,11 +73,19 @@ def test_sizes_are_searched_once_recorded_and_restored():
         MicroBatchSizes(rollout=None, update=0)
 
 
-def fake_out_of_memory(trainer: Trainer, rollout_limit: int, update_limit: int) -> dict[str, list[int]]:
-    """Make ``trainer``'s rollout and loss raise torch.OutOfMemoryError above these row counts (after running);
-    returns the row counts they were called with."""
-    calls = {"rollout": [], "update": []}
-    rollout, loss = trainer.algorithm.rollout, trainer.algorithm.loss
+def fake_out_of_memory(trainer: Trainer, rollout_limit: int, update_limit: int,
+                       prepare_limit: int | None = None) -> dict[str, list[int]]:
+    """Make ``trainer``'s rollout, loss (and the prepare's forward, with ``prepare_limit``) raise
+    torch.OutOfMemoryError above these row counts (after running); returns the row counts they were called with."""
+    calls = {"rollout": [], "update": [], "prepare": []}
+    rollout, loss, prepare_forward = trainer.algorithm.rollout, trainer.algorithm.loss, trainer.algorithm.prepare_forward
+
+    def limited_prepare_forward(rows):
+        calls["prepare"].append(rows.shape[0])
+        entries = prepare_forward(rows)
+        if prepare_limit is not None and rows.shape[0] > prepare_limit:
+            raise torch.OutOfMemoryError(f"prepare of {rows.shape[0]}")
+        return entries
 
     def limited_rollout(cond, group, generator, iteration):
         calls["rollout"].append(group.shape[0])
@@ -94,6 +102,7 @@ def fake_out_of_memory(trainer: Trainer, rollout_limit: int, update_limit: int) 
         return losses
 
     trainer.algorithm.rollout, trainer.algorithm.loss = limited_rollout, limited_loss
+    trainer.algorithm.prepare_forward = limited_prepare_forward
     return calls
 
 
@@ -144,6 +153,96 @@ def test_a_resumed_run_reuses_the_recorded_sizes(tiny_config, tmp_path):
     assert resumed_rows == whole_rows
     for key, value in whole_weights.items():
         assert torch.equal(resumed_weights[key], value), key
+
+
+# V-GRPO with two epochs: the prepare computes the old surrogates (K forwards per sample without gradient).
+PREPARED = ["optim.epochs=2"]
+
+
+def test_the_prepare_searches_before_the_update_then_runs_at_the_update_size(tiny_config, tmp_path):
+    trainer = Trainer(tiny_config("vgrpo", *PREPARED, "optim.micro_batch_size=auto"), tmp_path / "run", progress=False)
+    calls = fake_out_of_memory(trainer, rollout_limit=100, update_limit=3, prepare_limit=8)
+    trainer.train(until=1)
+    # Iteration 0: the prepare runs first (16 rows: 16 out of memory, 8 fits), and the update's search starts there.
+    assert calls["prepare"] == [16, 8, 8]
+    assert calls["update"][:3] == [8, 4, 2] and set(calls["update"][3:]) == {2}
+    assert trainer.metrics[0]["micro_batch_update"] == 2 and trainer.micro_batches.state_dict()["update"] == 2
+    calls["prepare"].clear()
+    trainer.train()
+    assert calls["prepare"] == [2] * 8  # iteration 1: at the update's size, no search
+
+    resumed = Trainer.resume(tmp_path / "run", progress=False)  # a checkpoint at 1 holds the size
+    assert resumed.micro_batches.state_dict()["update"] == 2
+
+
+def test_the_prepare_runs_at_a_set_update_size_and_skips_without_forwards(tiny_config, tmp_path):
+    fixed = Trainer(tiny_config("vgrpo", *PREPARED, "optim.micro_batch_size=4", "iterations=1"), tmp_path / "fixed",
+                    progress=False)
+    calls = fake_out_of_memory(fixed, rollout_limit=100, update_limit=100)
+    fixed.train()
+    assert calls["prepare"] == [4] * 4
+    whole = Trainer(tiny_config("vgrpo", *PREPARED, "iterations=1"), tmp_path / "whole", progress=False)
+    calls = fake_out_of_memory(whole, rollout_limit=100, update_limit=100)
+    whole.train()
+    assert calls["prepare"] == [16]  # optim.micro_batch_size=none: the whole rollout, as the update its minibatch
+    single_step = Trainer(tiny_config("vgrpo", "optim.micro_batch_size=auto", "iterations=1"), tmp_path / "single",
+                          progress=False)
+    calls = fake_out_of_memory(single_step, rollout_limit=100, update_limit=3)
+    single_step.train()
+    assert calls["prepare"] == [] and calls["update"][0] == 16  # no prepare forwards: the update searches alone
+
+
+def test_the_prepare_runs_out_of_memory_at_one_row_by_name(tiny_config, tmp_path):
+    trainer = Trainer(tiny_config("vgrpo", *PREPARED, "optim.micro_batch_size=auto"), tmp_path / "run", progress=False)
+    fake_out_of_memory(trainer, rollout_limit=100, update_limit=100, prepare_limit=0)
+    with pytest.raises(torch.OutOfMemoryError, match=r"^The prepare \(optim.micro_batch_size=auto\) runs out of "
+                                                     r"memory even at a micro-batch of 1 row"):
+        trainer.train()
+
+
+def test_a_tuned_prepare_equals_the_run_with_the_found_size_set_by_hand(tiny_config, tmp_path):
+    """Where the prepare's search ends at the update's size, the tuned run is the run with that size set by hand,
+    bit for bit (the failed attempts of both phases undone)."""
+    auto = Trainer(tiny_config("vgrpo", *PREPARED, *AUTO), tmp_path / "auto", progress=False)
+    calls = fake_out_of_memory(auto, rollout_limit=5, update_limit=4, prepare_limit=4)
+    auto_rows, auto_weights = trained(auto)
+    assert calls["prepare"] == [16, 8] + [4] * 4 + [4] * 4
+    by_hand = Trainer(tiny_config("vgrpo", *PREPARED, "rollout.micro_batch_size=4", "optim.micro_batch_size=4"),
+                      tmp_path / "hand", progress=False)
+    fake_out_of_memory(by_hand, rollout_limit=5, update_limit=4, prepare_limit=4)
+    hand_rows, hand_weights = trained(by_hand)
+    assert auto_rows == hand_rows
+    for key, value in hand_weights.items():
+        assert torch.equal(auto_weights[key], value), key
+
+
+def test_the_prepare_forward_is_the_update_forward_without_gradient(tiny_config, tmp_path):
+    """Why the update's size fits the prepare (vgrpo_lib.algorithms.autotune): at the same micro-batch the prepare
+    evaluates the update's model on inputs of the same shapes, with gradient off (nothing kept for a backward)."""
+    trainer = Trainer(tiny_config("vgrpo", *PREPARED, "optim.micro_batch_size=4", "iterations=1"), tmp_path / "run",
+                      progress=False)
+    seen, phase = {"prepare": [], "update": []}, []
+    trainer.policy.register_forward_pre_hook(
+        lambda module, args: seen[phase[-1]].append((tuple(args[0].shape), torch.is_grad_enabled())) if phase else None)
+    prepare_forward, loss = trainer.algorithm.prepare_forward, trainer.algorithm.loss
+
+    def in_phase(name, run):
+        def wrapped(*args):
+            phase.append(name)
+            try:
+                return run(*args)
+            finally:
+                phase.pop()
+        return wrapped
+
+    trainer.algorithm.prepare_forward = in_phase("prepare", prepare_forward)
+    trainer.algorithm.loss = in_phase("update", loss)
+    trainer.train()
+    k = trainer.config.vgrpo.num_pairs
+    assert seen["prepare"] and {grad for _, grad in seen["prepare"]} == {False}
+    assert {grad for _, grad in seen["update"]} == {True}
+    assert {shape for shape, _ in seen["prepare"]} == {shape for shape, _ in seen["update"]}
+    assert {shape[0] for shape, _ in seen["prepare"]} == {4 * k}
 
 
 def test_a_failed_update_attempt_leaves_no_gradient_behind(tiny_config, tmp_path):
