@@ -22,6 +22,9 @@ Model FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one
 sample (one pair), without activation recomputation, so MFU = counted FLOPs / time / peak (H200 bf16 dense:
 989 TFLOP/s). With ``--gradient-checkpointing`` (default on, needed at 1024 px) the GPU also recomputes each
 forward in backward, about a third more work than the counted model FLOPs.
+
+One configuration; :mod:`vgrpo_lib.benchmarks.gpu_sweep` sweeps micro-batch sizes, checkpointing, SDPA backends and
+compilation on the same model.
 """
 
 from __future__ import annotations
