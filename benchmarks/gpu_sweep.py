@@ -72,8 +72,8 @@ from vgrpo_lib.benchmarks.gpu_timing import (
 )
 
 __all__ = [
-    "ATTENTION_BACKENDS", "BF16_DENSE_PEAKS", "Cell", "Sweep", "VERL_OMNI_IMAGES_PER_GPU_S", "device_peak",
-    "make_parser", "main",
+    "ATTENTION_BACKENDS", "BF16_DENSE_PEAKS", "Cell", "Sweep", "VERL_OMNI_IMAGES_PER_GPU_S", "attention_backend",
+    "device_peak", "make_parser", "main",
 ]
 
 # (substring of torch.cuda.get_device_name, bf16 dense FLOP/s, what it is); the first match wins.
