@@ -289,3 +289,31 @@ def test_the_shipped_pipeline_is_what_the_rebuild_command_makes_and_leaves_headr
     pipe = WanPipeline.from_pretrained(str(PIPELINE_DIR), dtype=torch.float32)
     assert type(pipe.transformer).__name__ == "WanTransformer3DModel" and type(pipe.vae).__name__ == "AutoencoderKLWan"
     assert all(p.dtype == torch.float32 for p in pipe.transformer.parameters())
+
+
+def test_a_run_of_k_flow_steps_ends_on_the_weights_of_a_longer_runs_snapshot_k(tmp_path, one_thread, monkeypatch):
+    """Why the rebuild command (`train`, 14,000 flow steps) makes the shipped weights, which are snapshot 14,000 of a
+    16,250-step run: with a constant learning rate after warmup and one generator drawn step by step, the first k
+    steps of a longer run are the run of k steps, bit for bit (here k = 2 of 4, on 8 digits)."""
+    from vgrpo_lib.integrations.testbed.mnist_wan import train as T
+
+    real_mnist = T.load_mnist
+    monkeypatch.setattr(T, "load_mnist", lambda split: tuple(x[:8] for x in real_mnist(split)))
+    monkeypatch.setattr(T, "vae_round_trip", lambda vae, classifier: {})  # the probes' measurements, not under test
+    monkeypatch.setattr(T, "sample_metrics", lambda *args, **kwargs: {})
+    monkeypatch.setitem(T.PROGRESS, "vae", dict(checkpoint=2, probe=1000, log=1000))
+    monkeypatch.setitem(T.PROGRESS, "flow", dict(checkpoint=2, probe=2, log=1000))
+    vae_recipe = {**T.VAE_RECIPE, "steps": 2, "batch_size": 2}
+    for name, steps in (("short", 2), ("long", 4)):
+        T.train(tmp_path / name, lambda line: None, vae_recipe, {**T.FLOW_RECIPE, "steps": steps, "batch_size": 2})
+
+    def load(*parts):
+        return torch.load(tmp_path.joinpath(*parts), weights_only=False)
+
+    short, snapshot, long = load("short", "state.pt"), load("long", "snapshots", "flow_2.pt"), load("long", "state.pt")
+    assert short["stage"] == long["stage"] == "done" and (short["step"], long["step"]) == (2, 4)
+    for module in ("transformer", "text_encoder"):
+        assert short[module].keys() == snapshot[module].keys()
+        assert all(torch.equal(short[module][k], snapshot[module][k]) for k in short[module])
+    # The two steps after the snapshot moved the weights on: the equality above is not that of untrained weights.
+    assert any(not torch.equal(short["transformer"][k], long["transformer"][k]) for k in short["transformer"])
