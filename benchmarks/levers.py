@@ -1,7 +1,7 @@
-"""Levers on a finished comparison's chosen setting: each added alone, then together, under the same protocol.
+"""Levers on the setting a comparison chose: each added alone, then together, under the same protocol.
 
 A lever is a named config switch (:data:`LEVERS`: more pairs, an extra epoch under the ratio clip, a cheaper
-higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a finished comparison
+higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a comparison
 (``vgrpo compare``) at the setting the comparison chose for it, adds a lever, and trains it on the comparison's
 reported seeds with the comparison's budget; every run is summarised against the comparison's OWN targets (training
 and held-out: the targets were fixed by its tuning runs, before any lever was seen), so the lever's row reads like the
