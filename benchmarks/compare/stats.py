@@ -92,7 +92,7 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
         "final_accuracy": final.get("accuracy"),
         "judge_accuracy": final.get("judge_accuracy"),
         "judge_gap": final.get("judge_gap"),
-        "diversity": final.get("diversity"),
+        "diversity": _defined(final.get("diversity")),
         "base_accuracy": evaluations[0].get("accuracy"),
         "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
         "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
@@ -107,6 +107,12 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
     for key in sorted(k for k in final if "/" in k):
         out[f"base_{key}"], out[f"final_{key}"] = evaluations[0][key], final[key]
     return out
+
+
+def _defined(value: float | None) -> float | None:
+    """``value``, or None where an evaluation leaves it undefined (NaN: the diversity of one sample per prompt,
+    ``eval.per_prompt=1``), so the summary counts it as missing instead of averaging a NaN."""
+    return None if value is None or math.isnan(value) else value
 
 
 def _finite(value) -> float:

@@ -158,3 +158,27 @@ def test_summary_shows_where_the_time_goes_and_each_part_of_the_evaluation():
     assert "| geneval/counting | 0.1 -> 0.6 |" in text and "| judge_geneval/counting | 0.2 -> 0.4 |" in text
     # The held-out target (0.3) is reached at the second evaluation (iteration 3: 12 s, 30 NFE) by both seeds.
     assert "| vgrpo | 2/2 | 12 | 30 | — | — |" in text and any("the held-out rule" in line for line in text)
+
+
+def test_an_undefined_diversity_is_missing_in_the_summary_not_a_nan():
+    """One sample per prompt (eval.per_prompt=1, as the MNIST-Wan comparison evaluates) leaves the diversity
+    undefined (NaN): the run's row holds None, the algorithm's row leaves it out, and the summary is written."""
+    import json
+    import math
+
+    from vgrpo_lib.benchmarks.compare import aggregate_seeds, summarise_run
+
+    metrics = [{"reward_mean": 0.5, "train_seconds": 1.0, "train_cpu_s": 1.0, "nfe_cumulative": 10, "grad_steps": 1,
+                "nfe_per_sample": 10, "iteration_s": 1.0, "rollout_s": 0.5, "reward_s": 0.1, "prepare_s": 0.1,
+                "update_s": 0.3}]
+    costs = {"train_seconds": 1.0, "train_cpu_s": 1.0, "nfe_cumulative": 10, "grad_steps": 1}
+    evaluations = [{"iteration": 0, "reward_mean": 0.3, "diversity": math.nan},
+                   {"iteration": 1, "reward_mean": 0.6, "diversity": math.nan, **costs}]
+    runs = [summarise_run(metrics, evaluations, 0.4, 0.5) for _ in range(2)]
+    assert runs[0]["diversity"] is None and runs[0]["final_eval_reward"] == 0.6
+    row = aggregate_seeds(runs)
+    assert "diversity" not in row and row["final_eval_reward"] == 0.6
+    json.loads(json.dumps(row, allow_nan=False))
+    # A defined diversity is kept as it was.
+    evaluations[-1]["diversity"] = 0.25
+    assert summarise_run(metrics, evaluations, 0.4, 0.5)["diversity"] == 0.25
