@@ -68,7 +68,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.benchmarks.gpu_timing import (
-    H200_BF16_PEAK, build_model, count_flops, flow_grpo_update, random_cond, vgrpo_update,
+    H200_BF16_PEAK, build_model, count_flops, flow_grpo_update, random_cond, timed_with_warmup, vgrpo_update,
 )
 
 __all__ = [
@@ -255,22 +255,6 @@ class Sweep:
             if cell.compile != "none":
                 torch._dynamo.reset()
 
-    def _timed(self, call: Callable[[], object], warmups: int = 1) -> tuple[float, float]:
-        """(seconds of the warm-up calls, mean seconds of ``--repeats`` calls after them)."""
-        def synchronize() -> None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-
-        start = time.perf_counter()
-        for _ in range(warmups):
-            call()
-        synchronize()
-        middle = time.perf_counter()
-        for _ in range(self.args.repeats):
-            call()
-        synchronize()
-        return middle - start, (time.perf_counter() - middle) / self.args.repeats
-
     def _inputs(self, b: int) -> tuple[torch.Tensor, TensorDict, torch.Tensor, torch.Generator]:
         """Latents ``(b, *D)`` (random: the cost does not depend on their values), conditions and two groups."""
         generator = torch.Generator(device=self.device).manual_seed(b)
@@ -286,10 +270,11 @@ class Sweep:
             call, flops = torch.no_grad()(lambda: self.model(latents, t, cond)), self.forward_flops * b
         elif cell.phase == "vgrpo_prepare":
             from vgrpo_lib import ELBOSurrogate
+            from vgrpo_lib.batches import old_surrogate  # what the trainer's prepare runs (VGRPO.prepare_forward)
 
             estimator = ELBOSurrogate(k, "stratified", "group", "adaptive_x")
             pairs = estimator.sample_pairs(latents, group, generator=generator)
-            call = torch.no_grad()(lambda: estimator.evaluate(self.model, latents, cond, pairs))
+            call = torch.no_grad()(lambda: old_surrogate(estimator, self.model, latents, cond, pairs))
             flops = self.forward_flops * b * k
         elif cell.phase == "vgrpo_update":
             call = vgrpo_update(self.model, self.optimizer, latents, cond, group, k, generator)
@@ -300,7 +285,8 @@ class Sweep:
         else:
             raise ValueError(f"Unknown phase {cell.phase!r}.")
         with self._settings(cell):
-            first, seconds = self._timed(call, warmups=2 if cell.compile == "reduce-overhead" else 1)
+            first, seconds = timed_with_warmup(call, self.device, self.args.repeats,
+                                              warmups=2 if cell.compile == "reduce-overhead" else 1)
         self.optimizer.zero_grad(set_to_none=True)
         return {"first_call_s": first, "seconds": seconds, "seconds_per_sample": seconds / b,
                 "mfu": flops / seconds / self.peak}
@@ -358,7 +344,8 @@ class Sweep:
         """A full V-GRPO iteration at the best eager settings, timed once (its shapes ran in earlier cells): the
         rollout of ``--iteration-samples`` samples in micro-batches, then one gradient step over them by
         accumulation; images per GPU per second."""
-        from vgrpo_lib import ELBOSurrogate, VGRPOLoss, total_loss
+        from vgrpo_lib import ELBOSurrogate, VGRPOLoss
+        from vgrpo_lib.algorithms.micro_batches import accumulate_gradients
         from vgrpo_lib.samplers import sample_ode, time_grid
 
         rollout, update = self.best("rollout", compile="none"), self.best("vgrpo_update", compile="none")
@@ -382,8 +369,8 @@ class Sweep:
                                 "pairs": estimator.sample_pairs(sample, group, generator=generator)}, batch_size=[n])
             self.optimizer.zero_grad(set_to_none=True)
             with self._settings(Cell("vgrpo_update", update_size, update["gradient_checkpointing"], update["attention"])):
-                for micro in batch.split(update_size):
-                    (total_loss(loss_module(micro)) * (micro.shape[0] / n)).backward()
+                accumulate_gradients(lambda micro, _: loss_module(micro), self.model, batch, update_size, generator,
+                                     contextlib.nullcontext)
             self.optimizer.step()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

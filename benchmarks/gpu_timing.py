@@ -41,7 +41,7 @@ from vgrpo_lib.extras import require_extra
 
 __all__ = [
     "SD35_MEDIUM_TRANSFORMER", "SD35_TEXT_TOKENS", "TINY_TRANSFORMER", "TINY_TEXT_TOKENS", "H200_BF16_PEAK",
-    "PAPER_SAMPLES_PER_ITERATION", "build_model", "random_cond", "timed", "count_flops", "vgrpo_update",
+    "PAPER_SAMPLES_PER_ITERATION", "build_model", "random_cond", "timed", "timed_with_warmup", "count_flops", "vgrpo_update",
     "flow_grpo_update", "run", "print_report", "make_parser", "main",
 ]
 
@@ -96,15 +96,25 @@ def random_cond(batch: int, tiny: bool, device: torch.device) -> TensorDict:
 
 def timed(fn, device: torch.device, repeats: int) -> float:
     """Mean seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return timed_with_warmup(fn, device, repeats)[1]
+
+
+def timed_with_warmup(fn, device: torch.device, repeats: int, warmups: int = 1) -> tuple[float, float]:
+    """Seconds of ``warmups`` warm-up calls of ``fn()`` (with ``torch.compile``: the compilation), and the mean
+    seconds of ``repeats`` calls after them; the device is synchronised before each clock reading."""
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     start = time.perf_counter()
+    for _ in range(warmups):
+        fn()
+    synchronize()
+    middle = time.perf_counter()
     for _ in range(repeats):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / repeats
+    synchronize()
+    return middle - start, (time.perf_counter() - middle) / repeats
 
 
 def count_flops(model, x, t, cond) -> tuple[int, int]:

@@ -33,8 +33,7 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
 from vgrpo_lib.benchmarks.compare import (
-    HELDOUT_RATIO_KEYS, TRAINING_RATIO_KEYS, aggregate_seeds, build, median_ratio_interval, summarise_run,
-    train_to_end,
+    aggregate_seeds, build, median_ratios, summarise_run, train_to_end,
 )
 from vgrpo_lib.errors import UsageError
 
@@ -91,12 +90,6 @@ def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict | None]
     return protocol, summary
 
 
-def _ratios(cell_runs: list[dict], reference_runs: list[dict]) -> dict:
-    """Median cost of the cell over the reference's, per target, with the bootstrap interval."""
-    return {key: median_ratio_interval([r[key] for r in cell_runs], [r[key] for r in reference_runs])
-            for key in HELDOUT_RATIO_KEYS + TRAINING_RATIO_KEYS if key in reference_runs[0]}
-
-
 def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo", cells: list[str]) -> dict:
     """Train ``variant`` of ``comparison`` at the setting it chose with each cell's levers, on the comparison's
     reported seeds, and write ``OUT/levers.json`` and ``OUT/levers.md`` (see the module doc)."""
@@ -129,7 +122,7 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
             runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
         report["cells"][cell] = {"overrides": cell_overrides(cell), **aggregate_seeds(runs), "per_seed": runs,
-                                 "over": {name: _ratios(runs, reference) for name, reference in references.items()}}
+                                 "over": {name: median_ratios(runs, reference) for name, reference in references.items()}}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
     return report

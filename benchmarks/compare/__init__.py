@@ -46,7 +46,8 @@ from vgrpo_lib.benchmarks.compare.runner import (
 )
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
-    heldout_target_rule, heldout_time_to_target, median_ratio_interval, selection_key, smoothed, summarise_run,
+    heldout_target_rule, heldout_time_to_target, median_ratio_interval, median_ratios, selection_key, smoothed,
+    summarise_run,
     target_rule, time_to_target,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
     "check_comparison_folder",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
+    "median_ratios",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
     "summarise_run", "target_rule", "time_to_target", "train_to_end", "variant_preset",
 ]

@@ -18,8 +18,7 @@ from vgrpo_lib.benchmarks.compare.protocol import (
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves
 from vgrpo_lib.benchmarks.compare.stats import (
-    HELDOUT_RATIO_KEYS, TRAINING_RATIO_KEYS, aggregate_seeds, heldout_target_rule, median_ratio_interval,
-    selection_key, summarise_run, target_rule,
+    aggregate_seeds, heldout_target_rule, median_ratios, selection_key, summarise_run, target_rule,
 )
 from vgrpo_lib.errors import UsageError
 
@@ -158,8 +157,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     if REFERENCE in runs:
         for variant in runs:
             if variant != REFERENCE:
-                ratios[variant] = {key: median_ratio_interval([r[key] for r in runs[REFERENCE]], [r[key] for r in runs[variant]])
-                                   for key in TRAINING_RATIO_KEYS + HELDOUT_RATIO_KEYS}
+                ratios[variant] = median_ratios(runs[REFERENCE], runs[variant])
     summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
                "algorithms": {v: aggregate_seeds(r) | protocol["chosen"][v] for v, r in runs.items()},
                "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}

@@ -14,6 +14,7 @@ from vgrpo_lib.benchmarks.compare.protocol import SELECTIONS, SMOOTHING, TARGET_
 __all__ = [
     "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
     "TRAINING_RATIO_KEYS", "aggregate_seeds", "heldout_target_rule", "heldout_time_to_target", "median_ratio_interval",
+    "median_ratios",
     "selection_key", "smoothed", "summarise_run", "target_rule", "time_to_target",
 ]
 
@@ -89,11 +90,11 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
         **heldout_time_to_target(evaluations, heldout_target),
         "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
-        "final_accuracy": final.get("accuracy"),
-        "judge_accuracy": final.get("judge_accuracy"),
-        "judge_gap": final.get("judge_gap"),
+        "final_accuracy": _defined(final.get("accuracy")),
+        "judge_accuracy": _defined(final.get("judge_accuracy")),
+        "judge_gap": _defined(final.get("judge_gap")),
         "diversity": _defined(final.get("diversity")),
-        "base_accuracy": evaluations[0].get("accuracy"),
+        "base_accuracy": _defined(evaluations[0].get("accuracy")),
         "seconds_per_iteration": statistics.median(m["iteration_s"] for m in metrics),
         "cpu_seconds_per_iteration": metrics[-1]["train_cpu_s"] / len(metrics),
         "nfe_per_sample_per_iteration": metrics[-1]["nfe_per_sample"],
@@ -105,13 +106,14 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
     # The evaluation's breakdowns (``geneval/<category>``, ``judge_geneval/<category>``, ``reward/<name>``), base
     # and final.
     for key in sorted(k for k in final if "/" in k):
-        out[f"base_{key}"], out[f"final_{key}"] = evaluations[0][key], final[key]
+        out[f"base_{key}"], out[f"final_{key}"] = _defined(evaluations[0][key]), _defined(final[key])
     return out
 
 
 def _defined(value: float | None) -> float | None:
-    """``value``, or None where an evaluation leaves it undefined (NaN: the diversity of one sample per prompt,
-    ``eval.per_prompt=1``), so the summary counts it as missing instead of averaging a NaN."""
+    """``value``, or None where an evaluation leaves it undefined (NaN: e.g. the diversity of one sample per prompt,
+    ``eval.per_prompt=1``), so the summary counts it as missing, as it does an absent one, instead of averaging a
+    NaN. The headline numbers cannot be NaN (evaluation stops a diverged run), the diagnostics can."""
     return None if value is None or math.isnan(value) else value
 
 
@@ -139,6 +141,14 @@ def median_ratio_interval(reference: list, other: list, *, resamples: int = BOOT
         interval = [finite[int(tail * (len(finite) - 1))], finite[int((1 - tail) * (len(finite) - 1))]]
     return {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
             "estimable_share": len(finite) / resamples}
+
+
+def median_ratios(numerator: list[dict], denominator: list[dict]) -> dict:
+    """Per cost to a target (:data:`TRAINING_RATIO_KEYS`, :data:`HELDOUT_RATIO_KEYS`): the median over the
+    ``numerator`` runs' rows (:func:`summarise_run`) over the median over the ``denominator`` runs', with its
+    bootstrap interval (:func:`median_ratio_interval`)."""
+    return {key: median_ratio_interval([r[key] for r in numerator], [r[key] for r in denominator])
+            for key in TRAINING_RATIO_KEYS + HELDOUT_RATIO_KEYS}
 
 
 def aggregate_seeds(per_seed: list[dict]) -> dict:
