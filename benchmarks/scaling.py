@@ -33,26 +33,11 @@ from vgrpo_lib.algorithms.costs import ITERATION_PHASES
 from vgrpo_lib.algorithms.run_dir import atomic_write_text
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.distributed import shutdown
-from vgrpo_lib.integrations.testbed.checkpoints import CHECKPOINT_DIR
-from vgrpo_lib.integrations.testbed.tasks import Task, get_task
+from vgrpo_lib.integrations.testbed.tasks import get_task
 
 __all__ = ["WARMUP", "measure", "main"]
 
 WARMUP = 1
-
-
-def _random_policy(self: Task) -> torch.nn.Module:
-    from vgrpo_lib.integrations.testbed.models import VelocityMLP
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = VelocityMLP(image_shape=self.image_shape, num_slots=self.num_slots)
-        torch.nn.init.normal_(model.out.weight, std=0.01)
-    return model
-
-
-def _has_policy(task: str) -> bool:
-    return (CHECKPOINT_DIR / f"{get_task(task).policy_name}.safetensors").exists()
 
 
 def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -60,8 +45,6 @@ def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, out
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(minutes=5)
     )
-    if not _has_policy(args.task):
-        Task.load_policy = _random_policy
     config = build_config(args.algo, args.task, "testbed", [f"iterations={WARMUP + args.iterations}", *args.overrides])
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(config, Path(run_dir) / "run", progress=False)
@@ -104,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "task": args.task,
         "algo": args.algo,
-        "policy": "shipped" if _has_policy(args.task) else "random-init (no shipped checkpoint)",
+        "policy": get_task(args.task).policy_name,
         "global_batch": config.prompts_per_iteration * config.group_size,
         "torch_threads_per_process": 1,
         "cpu_count": torch.multiprocessing.cpu_count(),

@@ -27,7 +27,6 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations import distributed
 from vgrpo_lib.integrations.distributed import Shard, shard_groups
-from vgrpo_lib.integrations.testbed.tasks import Task
 from tests.same_steps import assert_same_changes, train_with_sgd
 
 # The spawn and each collective: generous, as on a loaded 2-core machine (CI, other jobs) the ~60 s of work took
@@ -53,29 +52,6 @@ RUNS = {  # name -> (algo, overrides); all full-batch except "vgrpo_minibatch"
 EQUAL_TO_ONE_PROCESS = ("vgrpo", "vgrpo_epochs2_batch_pairs", "diffusion_nft", "vgrpo_fsdp2", "vgrpo_fsdp2_ref_kl_micro",
                         "diffusion_nft_fsdp2")
 FSDP2_RUNS = tuple(name for name, (_, overrides) in RUNS.items() if "distributed.strategy=fsdp2" in overrides)
-POLICY_CHECKPOINT = Path(__file__).parents[2] / "integrations/testbed/checkpoints/digits8_policy.safetensors"
-
-
-def _test_policy(self: Task) -> nn.Module:
-    from vgrpo_lib.integrations.testbed.models import VelocityMLP
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = VelocityMLP(image_shape=self.image_shape, width=64, depth=2)
-        nn.init.normal_(model.out.weight, std=0.05)
-    return model
-
-
-def _use_test_policy(monkeypatch=None) -> None:
-    """Stand in for the shipped digits8 policy while it does not exist yet."""
-    if POLICY_CHECKPOINT.exists():
-        return
-    if monkeypatch is None:
-        Task.load_policy = _test_policy
-    else:
-        monkeypatch.setattr(Task, "load_policy", _test_policy)
-
-
 def _config(name: str):
     algo, overrides = RUNS[name]
     return build_config(algo, None, "testbed", TINY + overrides)
@@ -206,7 +182,6 @@ def _full_weights(model: nn.Module) -> dict:
 
 def _trainer_worker(rank: int, world_size: int, port: int, out: str) -> None:
     _join(rank, world_size, port)
-    _use_test_policy()
     train_with_sgd()
     for name in RUNS:
         trainer = Trainer(_config(name), Path(out) / name, progress=False)
@@ -258,7 +233,6 @@ def _comparable(row: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EQUAL_TO_ONE_PROCESS)
 def test_two_ranks_equal_one_process(name, two_rank_runs, tmp_path, monkeypatch):
-    _use_test_policy(monkeypatch)
     train_with_sgd(monkeypatch)
     single = Trainer(_config(name), tmp_path / "run", progress=False)
     single.train()

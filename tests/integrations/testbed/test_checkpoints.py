@@ -1,10 +1,10 @@
 """Shipped checkpoints: present, small, half precision on disk, float32 when loaded, accurate."""
 
+import gzip
 import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from vgrpo_lib.integrations.testbed.checkpoints import (
     CHECKPOINT_DIR,
@@ -13,7 +13,9 @@ from vgrpo_lib.integrations.testbed.checkpoints import (
     POLICY_NAMES,
     load_pretrained,
     read_card,
+    read_weights,
     save_checkpoint,
+    weights_path,
 )
 from vgrpo_lib.integrations.testbed.data import load_digits8, load_mnist
 from vgrpo_lib.integrations.testbed.models import JudgeClassifier
@@ -23,11 +25,10 @@ from vgrpo_lib.integrations.testbed.pretrain import accuracy
 def test_every_checkpoint_is_shipped_small_and_half_precision():
     total = 0
     for name in CHECKPOINT_NAMES:
-        path = CHECKPOINT_DIR / f"{name}.safetensors"
-        size = path.stat().st_size
+        size = weights_path(name).stat().st_size
         assert size < 7e6, (name, size)
         total += size
-        assert all(v.dtype == torch.float16 for v in load_file(str(path)).values() if v.is_floating_point())
+        assert all(v.dtype == torch.float16 for v in read_weights(name).values() if v.is_floating_point())
         meta = read_card(name)
         assert {"name", "kind", "config", "card"} <= set(meta)
         assert {"data", "steps", "seed", "wall_time_s", "metrics"} <= set(meta["card"])
@@ -71,9 +72,13 @@ def test_bad_names_and_broken_files_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="pretrain judge"):
         load_pretrained("judge", directory=tmp_path)
     shutil.copy(CHECKPOINT_DIR / "judge.json", tmp_path / "judge.json")
-    (tmp_path / "judge.safetensors").write_bytes((CHECKPOINT_DIR / "judge.safetensors").read_bytes()[:1000])
-    with pytest.raises(RuntimeError, match="cannot read"):
+    with pytest.raises(FileNotFoundError, match="judge.safetensors.gz"):
         load_pretrained("judge", directory=tmp_path)
+    stored = weights_path("judge").read_bytes()
+    for broken in (stored[:1000], gzip.compress(gzip.decompress(stored)[:1000])):  # a cut archive, a cut file in it
+        weights_path("judge", tmp_path).write_bytes(broken)
+        with pytest.raises(RuntimeError, match=r"cannot read checkpoint weights .*judge\.safetensors\.gz"):
+            load_pretrained("judge", directory=tmp_path)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -83,7 +88,7 @@ def test_save_and_load_round_trip(tmp_path):
     assert read_card("digits8_judge", directory=tmp_path)["card"] == {"note": "round trip"}
     x = torch.rand(5, 1, 8, 8)
     assert torch.allclose(loaded(x), model.eval()(x), atol=1e-2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.gz"]
     assert FROZEN_NAMES and not any(p.requires_grad for p in loaded.parameters())
 
 
