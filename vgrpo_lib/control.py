@@ -1,5 +1,6 @@
 """Step control: schedules as ``step -> value`` callables (optax-style), an adaptive KL controller, the
-old-policy soft update of DiffusionNFT and the MixGRPO SDE window.
+old-policy soft update of DiffusionNFT, the MixGRPO SDE window and the number of ELBO pairs chosen from the
+measured noise (:class:`PairCountController`).
 
 A schedule is any callable ``schedule(step: int) -> float``; assign its value to a loss buffer
 (``loss.clip_range = schedule(step)``) or an optimizer's learning rate (:func:`set_learning_rate`). The schedules
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "AdaptiveKLController", "Constant", "Cosine", "EMAWarmupDecay", "Linear", "OldPolicyDecay", "Piecewise",
-    "SDEWindow", "Schedule", "Warmup", "ema_update_", "exceeds_kl", "set_learning_rate",
+    "AdaptiveKLController", "Constant", "Cosine", "EMAWarmupDecay", "Linear", "OldPolicyDecay", "PairCountController",
+    "Piecewise", "SDEWindow", "Schedule", "Warmup", "ema_update_", "exceeds_kl", "set_learning_rate",
 ]
 
 Schedule = Callable[[int], float]
@@ -148,6 +149,73 @@ class AdaptiveKLController:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
         self.value = float(state["value"])
+
+
+class PairCountController:
+    """K, the timestep-noise pairs of each sample's ELBO surrogate, chosen from the Monte-Carlo noise measured on the
+    training batch (beyond the paper, which fixes K = 4): the smallest K whose predicted noise share of the
+    within-group surrogate variance is at most ``share``.
+
+    A measurement at K (:func:`vgrpo_lib.diagnostics.pair_noise`) gives the noise variance ``N_K`` and the signal
+    variance ``S``; the noise of a mean over K' independent pairs is ``N_K K / K'``, so the share at K' is at most
+    ``share`` when ``K' >= N_K K (1 - share) / (share S)``. K' is that bound rounded up (to an even number with
+    ``even``, for antithetic couples), within ``[min_pairs, max_pairs]``; ``max_pairs`` where no signal was
+    measured (``S <= 0``), ``min_pairs`` where no noise was. The controller measures on every ``every``-th iteration (:meth:`due`, from the first)
+    and keeps K in between.
+
+    Example:
+        >>> control = PairCountController(start=4, share=0.5, max_pairs=16)
+        >>> if control.due():
+        ...     control.observe(**{k: v for k, v in pair_noise(per_pair, group).items() if k != "noise_share"})
+        >>> estimator.num_pairs = control.num_pairs
+    """
+
+    def __init__(self, start: int, share: float, max_pairs: int, every: int = 1, min_pairs: int = 2, even: bool = False):
+        if not 0 < share < 1:  # also refuses NaN
+            raise ValueError(f"PairCountController: share must be in (0, 1), got {share!r}.")
+        _check_steps("every", every)
+        if not 2 <= min_pairs <= start <= max_pairs:
+            raise ValueError(f"PairCountController: need 2 <= min_pairs <= start <= max_pairs, got {min_pairs}, {start}, "
+                             f"{max_pairs} (a noise measurement needs 2 pairs).")
+        if even and (min_pairs % 2 or start % 2 or max_pairs % 2):
+            raise ValueError(f"PairCountController(even=True): min_pairs, start and max_pairs must be even, got "
+                             f"{min_pairs}, {start}, {max_pairs}.")
+        self.share, self.min_pairs, self.max_pairs, self.every, self.even = float(share), min_pairs, max_pairs, every, even
+        self.num_pairs, self.iterations = start, 0
+
+    def due(self) -> bool:
+        """Called once per iteration, before its pairs are drawn: whether this iteration measures the noise."""
+        due = self.iterations % self.every == 0
+        self.iterations += 1
+        return due
+
+    def choose(self, noise_variance: float, signal_variance: float) -> int:
+        """The K for a measurement ``noise_variance`` (at the current K) and ``signal_variance`` (see the class)."""
+        if not (math.isfinite(noise_variance) and math.isfinite(signal_variance)):
+            raise ValueError(f"PairCountController: a non-finite measurement (noise {noise_variance}, signal "
+                             f"{signal_variance}).")
+        if noise_variance <= 0:
+            return self.min_pairs
+        if signal_variance <= 0:
+            return self.max_pairs
+        bound = noise_variance * self.num_pairs * (1 - self.share) / (self.share * signal_variance)
+        needed = math.ceil(bound * (1 - 1e-12))  # a bound that is an integer up to rounding is met by that integer
+        if self.even:
+            needed += needed % 2
+        return min(max(needed, self.min_pairs), self.max_pairs)
+
+    def observe(self, noise_variance: float, signal_variance: float) -> int:
+        """Set and return the K for the next iterations from a measurement (see :meth:`choose`)."""
+        self.num_pairs = self.choose(noise_variance, signal_variance)
+        return self.num_pairs
+
+    def state_dict(self) -> dict:
+        """The current K and the iterations counted (what a resume needs)."""
+        return {"num_pairs": self.num_pairs, "iterations": self.iterations}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.num_pairs, self.iterations = int(state["num_pairs"]), int(state["iterations"])
 
 
 def exceeds_kl(approx_kl: float, max_kl: float | None) -> bool:

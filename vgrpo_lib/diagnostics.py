@@ -11,6 +11,8 @@ Statistics of repeated draws (pure functions of tensors):
 - :func:`coefficient_of_variation`, :func:`within_group_cv`: Monte-Carlo noise relative to the surrogate's size
   (lower is better; 0 = no noise);
 - :func:`mc_noise_share`: share of the within-group variance that is noise (0 = all signal, about 1 = all noise);
+- :func:`pair_noise`: the same share from ONE draw, from its per-pair terms (what ``vgrpo.adaptive_pairs`` measures
+  during training);
 - :func:`spearman`, :func:`within_group_rank_agreement`: does the within-group ranking depend on the pairs
   (1 = never);
 - :func:`gradient_agreement`, :func:`gradient_cosine_to_reference`: cosine between independent policy-gradient
@@ -54,6 +56,7 @@ __all__ = [
     "mc_noise_share",
     "measure_estimator",
     "nearby_policy",
+    "pair_noise",
     "policy_gradient",
     "spearman",
     "within_group_cv",
@@ -104,6 +107,47 @@ def mc_noise_share(draws: torch.Tensor, group: torch.Tensor) -> float:
     _check_draws(draws, group, min_draws=2)
     deviation = draws - _group_means(draws, group)
     return (deviation.var(0).mean() / deviation.var().clamp_min(1e-30)).item()
+
+
+def pair_noise(per_pair: torch.Tensor, group: torch.Tensor, *, couples: bool = False) -> dict[str, float]:
+    """Monte-Carlo noise of the within-group surrogate, from ONE draw of pairs: its per-pair terms ``per_pair``
+    ``(B, K)`` (``-l(o_i; t_k, eps_k)``, :meth:`~vgrpo_lib.elbo.ELBOSurrogate.per_pair`) and ``group`` ``(B,)``.
+
+    ``d_ik = x_ik - mean_{j in g(i)} x_jk`` is sample i's standing in its group at pair k and ``s_i = mean_k d_ik``
+    its surrogate's deviation from the group mean (what the advantage-weighted gradient sees). With the K pairs
+    independent draws, ``Var_k(d_ik) / K`` estimates the noise variance of ``s_i`` without bias; per group of
+    ``n >= 2`` members (whose ``s_i`` sum to 0): observed ``= sum_i s_i^2 / (n - 1)``, noise ``= sum_i Var_k(d_ik) /
+    K / (n - 1)``, each averaged over the groups. ``couples=True`` (antithetic pairs, ``(eps, -eps)`` at one t)
+    averages each couple first: K/2 independent units. Stratified timesteps tie pair k to stratum k, so the spread
+    over k then also holds the strata's differences: the noise is overestimated (a conservative measurement).
+
+    Returns ``noise_variance`` and ``signal_variance`` (observed minus noise: unbiased, so it can come out
+    negative on a batch that is nearly all noise) at this K, and ``noise_share`` = noise / observed clipped to
+    [0, 1] (1 where only the noise varies, 0 where nothing does). The repeated-draw measurement of the same share is :func:`mc_noise_share`.
+    """
+    if not isinstance(per_pair, torch.Tensor) or per_pair.ndim != 2:
+        raise ValueError(f"per_pair must be a (B, K) tensor of per-pair terms, got {getattr(per_pair, 'shape', type(per_pair))}.")
+    if tuple(group.shape) != (per_pair.shape[0],):
+        raise ValueError(f"group must be (B,) = ({per_pair.shape[0]},) like per_pair's rows, got {tuple(group.shape)}.")
+    x = per_pair.detach().double()
+    if couples:
+        if x.shape[1] % 2:
+            raise ValueError(f"couples=True needs an even number of pairs, got K={x.shape[1]}.")
+        x = x.unflatten(1, (-1, 2)).mean(2)
+    if x.shape[1] < 2:
+        raise ValueError(f"pair_noise needs at least 2 independent pairs per sample (couples count once), got {x.shape[1]}.")
+    deviation = x - _group_means(x.T, group).T
+    _, index = torch.unique(group, return_inverse=True)
+    members = torch.bincount(index).to(x.dtype)[index]
+    if not bool((members > 1).any()):
+        raise ValueError("pair_noise needs a group with at least two members; every group has one.")
+    weight = torch.where(members > 1, 1 / (members - 1).clamp_min(1), 0.0)
+    weight = weight / torch.unique(index[members > 1]).numel()
+    observed = (weight * deviation.mean(1).square()).sum()
+    noise = (weight * deviation.var(1)).sum() / x.shape[1]
+    noise_value, observed_value = noise.item(), observed.item()
+    share = min(noise_value / observed_value, 1.0) if observed_value > 0 else float(noise_value > 0)
+    return {"noise_variance": noise_value, "signal_variance": observed_value - noise_value, "noise_share": share}
 
 
 def _ranks(values: torch.Tensor) -> torch.Tensor:
