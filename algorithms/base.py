@@ -85,6 +85,14 @@ class Algorithm:
         so its entries must depend on each row alone. Default: none."""
         return {}
 
+    def prepared(self, rows: TensorDictBase) -> None:
+        """Called with the prepare phase's rows (this process's block), their :meth:`prepare_forward` entries
+        included, before the gradient steps (V-GRPO measures the noise of its pairs there). Default: nothing."""
+
+    def metrics(self) -> dict[str, float]:
+        """The algorithm's own entries of the iteration's metrics row (V-GRPO's adaptive K). Default: none."""
+        return {}
+
     def loss(self, minibatch: TensorDictBase, generator: torch.Generator) -> TensorDictBase:
         """The loss module's output on ``minibatch`` (rows of :meth:`prepare`): ``loss_*`` and diagnostics."""
         return self.loss_module(minibatch)

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 from vgrpo_lib.integrations.distributed import STRATEGIES
 from vgrpo_lib.algorithms.autotune import MICRO_BATCH_SIZE
 from vgrpo_lib.algorithms.run_logging import LOG_BACKENDS
-from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_reference_reset, parse_schedule
+from vgrpo_lib.algorithms.step_control import SCHEDULED_LR, parse_adaptive_pairs, parse_reference_reset, parse_schedule
 from vgrpo_lib.advantages import MULTI_REWARD, SCALES
 from vgrpo_lib.elbo import NOISE_SCHEMES, SHARING_SCOPES
 from vgrpo_lib.losses import FLOW_GRPO_KL_FORMS, AWMLoss, DGPOLoss, DiffusionNFTLoss, FlowGRPOLoss, VGRPOLoss
@@ -323,10 +323,20 @@ class VGRPOConfig(AlgorithmSection):
         help="Largest number of model rows per surrogate forward (the estimator runs B*K rows; this bounds "
              "memory). None: all at once.",
     )
+    adaptive_pairs: str | None = setting(
+        None,
+        help="Ours, beyond the paper: K chosen from the measured noise, share=S,max=K[,every=N]: every N-th iteration "
+             "(default 1) measures the Monte-Carlo noise share of the within-group surrogate variance on the training "
+             "batch from its per-pair terms and takes the smallest K in [2, max] predicted to keep it at most S, "
+             "starting from vgrpo.num_pairs (costs K forwards without grad on a measured iteration with one step "
+             "per rollout; free otherwise). None: K = vgrpo.num_pairs throughout.",
+    )
 
     def check(self, config: TrainConfig) -> None:
         if self.noise == "antithetic" and self.num_pairs % 2:
             raise UsageError(f"vgrpo.num_pairs must be even with vgrpo.noise=antithetic, got {self.num_pairs}.")
+        if self.adaptive_pairs is not None:
+            parse_adaptive_pairs(self.adaptive_pairs, "vgrpo.adaptive_pairs", self.num_pairs, self.noise == "antithetic")
 
 
 @dataclass

@@ -14,6 +14,8 @@ A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the con
 
 ``schedule.reference_reset`` (``kl=K,every=N``) is GARDO's reset of the reference of the KL to the base policy
 (:class:`ReferenceReset`): not a value but an event, decided from the KL each iteration measured.
+``vgrpo.adaptive_pairs`` (``share=S,max=K,every=N``) chooses V-GRPO's number of pairs from the noise each
+measurement finds (:func:`parse_adaptive_pairs`, :class:`vgrpo_lib.control.PairCountController`).
 
 Every value a schedule reaches is checked, before the run writes anything, by the rule of the value it drives:
 the one its loss declares in ``_schedulable_rules`` (:mod:`vgrpo_lib.losses`), or ``>= 0`` for the learning rate.
@@ -27,11 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from vgrpo_lib.control import AdaptiveKLController, Constant, Cosine, Linear, Piecewise, Warmup, set_learning_rate
+from vgrpo_lib.control import (
+    AdaptiveKLController, Constant, Cosine, Linear, PairCountController, Piecewise, Warmup, set_learning_rate,
+)
 from vgrpo_lib.rules import NON_NEGATIVE, Rule
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["ReferenceReset", "SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_reference_reset", "parse_schedule"]
+__all__ = [
+    "ReferenceReset", "SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_adaptive_pairs", "parse_fields",
+    "parse_reference_reset", "parse_schedule",
+]
 
 SCHEDULED_LR = NON_NEGATIVE
 """The rule of a scheduled learning rate: it may decay to 0 (``optim.lr`` itself must be > 0)."""
@@ -119,18 +126,25 @@ class ReferenceReset:
         return reset
 
 
-def parse_reference_reset(spec: str, key: str) -> ReferenceReset:
-    """``kl=K,every=N`` (either or both: ``K > 0``, ``N >= 1``) as a :class:`ReferenceReset`; errors name ``key``."""
-    parsers = {"kl": float, "every": int}
+def parse_fields(spec: str, key: str, parsers: dict[str, Callable[[str], object]], form: str) -> dict[str, object]:
+    """The ``name=value,...`` fields of ``spec`` (each name one of ``parsers``, parsed by it); errors name ``key``
+    and say what it takes (``form``)."""
     params = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, text = item.partition("=")
         if name not in parsers:
-            raise UsageError(f"{key} takes kl=K and/or every=N (e.g. kl=3e-4,every=15), got {item!r}.")
+            raise UsageError(f"{key} takes {form}, got {item!r}.")
         try:
             params[name] = parsers[name](text)
         except ValueError:
             raise UsageError(f"{key}: {name}={text!r} does not parse.") from None
+    return params
+
+
+def parse_reference_reset(spec: str, key: str) -> ReferenceReset:
+    """``kl=K,every=N`` (either or both: ``K > 0``, ``N >= 1``) as a :class:`ReferenceReset`; errors name ``key``."""
+    params = parse_fields(spec, key, {"kl": float, "every": int},
+                          "kl=K and/or every=N (e.g. kl=3e-4,every=15)")
     if not params:
         raise UsageError(f"{key} needs kl=K and/or every=N (e.g. kl=3e-4,every=15), got {spec!r}.")
     if "kl" in params and not (math.isfinite(params["kl"]) and params["kl"] > 0):
@@ -138,6 +152,28 @@ def parse_reference_reset(spec: str, key: str) -> ReferenceReset:
     if "every" in params and params["every"] < 1:
         raise UsageError(f"{key}: every must be >= 1, got {params['every']}.")
     return ReferenceReset(**params)
+
+
+def parse_adaptive_pairs(spec: str, key: str, start: int, even: bool) -> PairCountController:
+    """``share=S,max=K[,every=N]`` as a :class:`~vgrpo_lib.control.PairCountController` starting at ``start``
+    pairs (``vgrpo.num_pairs``), with K even where ``even`` (antithetic noise); errors name ``key``."""
+    params = parse_fields(spec, key, {"share": float, "max": int, "every": int},
+                          "share=S,max=K and optionally every=N (e.g. share=0.5,max=16,every=5)")
+    missing = [name for name in ("share", "max") if name not in params]
+    if missing:
+        raise UsageError(f"{key} needs share=S and max=K (e.g. share=0.5,max=16,every=5); {spec!r} lacks "
+                         f"{' and '.join(missing)}.")
+    if not 0 < params["share"] < 1:
+        raise UsageError(f"{key}: share (the noise share of the within-group surrogate variance to stay under) must "
+                         f"be in (0, 1), got {params['share']!r}.")
+    if not 2 <= start <= params["max"]:
+        raise UsageError(f"{key}: need 2 <= vgrpo.num_pairs (the start, {start}) <= max ({params['max']}): a noise "
+                         "measurement needs 2 pairs.")
+    if even and params["max"] % 2:
+        raise UsageError(f"{key}: max must be even with vgrpo.noise=antithetic, got {params['max']}.")
+    if params.get("every", 1) < 1:
+        raise UsageError(f"{key}: every must be >= 1, got {params['every']}.")
+    return PairCountController(start, params["share"], params["max"], params.get("every", 1), even=even)
 
 
 class StepControl:

@@ -315,6 +315,7 @@ class Trainer:
         batch["advantage"] = self.shard.local(advantage)
         clock.mark("reward")
         rows = self._prepare(batch)
+        self.algorithm.prepared(rows)
         clock.mark("prepare")
         losses = self.gradient_steps(rows, self.generator, self.counters, self.iteration)
         self.control.observe(losses)  # the adaptive KL coefficients follow the measured KL
@@ -333,6 +334,7 @@ class Trainer:
             **clock.seconds(),
             **clock.peak_memory(),
             **self.micro_batches.metrics(),
+            **self.algorithm.metrics(),
             "nfe_per_sample": sum(nfe.values()),
             **{f"nfe_{phase}": value for phase, value in nfe.items()},
             "nfe_cumulative": self.counters["nfe"],

@@ -4,7 +4,9 @@ log-likelihood.
     rollout   any deterministic ODE solver (the objective does not depend on the trajectory)
     prepare   K timestep-noise pairs per sample (shared by the prompt group), and the behaviour policy's
               surrogates s_old on them, in micro-batches (skipped with one gradient step per rollout: the ratio
-              is then exactly 1 and s_theta.detach() stands in, which saves K forwards per sample)
+              is then exactly 1 and s_theta.detach() stands in, which saves K forwards per sample); with
+              vgrpo.adaptive_pairs, on a measured iteration, also the noise of those surrogates, from which the
+              next iterations' K is chosen (vgrpo_lib.control.PairCountController)
     loss      VGRPOLoss: clipped ratio exp(s_theta - s_old), optional x-space KL to the behaviour / base policy
 
 Cost per sample and iteration: rollout steps + K without grad (unless single-step) + K per gradient step.
@@ -16,7 +18,9 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.algorithms.base import Algorithm
+from vgrpo_lib.algorithms.step_control import parse_adaptive_pairs
 from vgrpo_lib.batches import old_surrogate, vgrpo_batch
+from vgrpo_lib.diagnostics import pair_noise
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
 
@@ -38,6 +42,9 @@ class VGRPO(Algorithm):
                 "use optim.epochs > 1 or a minibatch_size, or vgrpo.ref_kl_coef for a KL to the base policy."
             )
         self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size, noise=c.noise)
+        self.pair_control = None if c.adaptive_pairs is None else parse_adaptive_pairs(
+            c.adaptive_pairs, "vgrpo.adaptive_pairs", c.num_pairs, c.noise == "antithetic")
+        self.measuring, self.noise_share = False, float("nan")  # this iteration measures; the last share measured
         self.loss_module = VGRPOLoss(
             self.policy,
             self.estimator,
@@ -53,6 +60,9 @@ class VGRPO(Algorithm):
         return config.vgrpo.ref_kl_coef is not None
 
     def prepare(self, batch: TensorDict, generator: torch.Generator) -> TensorDict:
+        if self.pair_control is not None:  # this iteration's K, chosen by the last measurement
+            self.estimator.num_pairs = self.pair_control.num_pairs
+            self.measuring = self.pair_control.due()
         # Drawn for the global batch on every process (only shapes and group ids are needed), block kept.
         shard = self.shard
         sample, group = shard.global_like(batch["sample"]), shard.all_gather(batch["group"])
@@ -63,9 +73,42 @@ class VGRPO(Algorithm):
         """The behaviour policy's (the policy before this rollout's steps) ``"old_log_prob"`` ``(n,)`` on the rows'
         pairs, and its ``"old_x_pred"`` ``(n, K, *D)`` for the KL to it; run unless one step per rollout."""
         keep_x_pred = self.config.vgrpo.behaviour_kl_coef is not None
-        return old_surrogate(self.estimator, self.policy, rows["sample"], rows["cond"], rows["pairs"], keep_x_pred)
+        return old_surrogate(self.estimator, self.policy, rows["sample"], rows["cond"], rows["pairs"], keep_x_pred,
+                             keep_per_pair=self.measuring)
+
+    def prepared(self, rows: TensorDict) -> None:
+        """On a measured iteration: the noise of the global batch's surrogates (:func:`pair_noise` of the behaviour
+        policy's per-pair terms) sets the K of the next iterations."""
+        if not self.measuring:
+            return
+        shard = self.shard
+        measured = pair_noise(shard.all_gather(rows["old_pair_log_prob"]), shard.all_gather(rows["group"]),
+                              couples=self.estimator.noise == "antithetic")
+        self.noise_share = measured["noise_share"]
+        self.pair_control.observe(measured["noise_variance"], measured["signal_variance"])
+
+    def metrics(self) -> dict[str, float]:
+        """With ``vgrpo.adaptive_pairs``: ``num_pairs`` (this iteration's K) and ``pair_noise_share`` (the last
+        measured noise share, at the K it was measured with)."""
+        if self.pair_control is None:
+            return {}
+        return {"num_pairs": self.estimator.num_pairs, "pair_noise_share": self.noise_share}
 
     def nfe(self) -> dict[str, int]:
         k, epochs = self.estimator.num_pairs, self.config.optim.epochs
         reference = k * epochs if self.loss_module.ref_kl_coef is not None else 0
-        return {**super().nfe(), "prepare": 0 if self.single_step else k, "update": k * epochs + reference}
+        prepare = k if not self.single_step or self.measuring else 0
+        return {**super().nfe(), "prepare": prepare, "update": k * epochs + reference}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.pair_control is not None:
+            state["pair_control"] = {**self.pair_control.state_dict(), "noise_share": self.noise_share}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.pair_control is not None:
+            control = dict(state["pair_control"])
+            self.noise_share = float(control.pop("noise_share"))
+            self.pair_control.load_state_dict(control)

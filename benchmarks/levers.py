@@ -1,7 +1,7 @@
 """Levers on the setting a comparison chose: each added alone, then together, under the same protocol.
 
-A lever is a named config switch (:data:`LEVERS`: more pairs, an extra epoch under the ratio clip, a cheaper
-higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a comparison
+A lever is a named config switch (:data:`LEVERS`: more pairs, K chosen from the measured noise, an extra epoch
+under the ratio clip, a cheaper higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a comparison
 (``vgrpo compare``) at the setting the comparison chose for it, adds a lever, and trains it on the comparison's
 reported seeds with the comparison's budget; every run is summarised against the comparison's OWN targets (training
 and held-out: the targets were fixed by its tuning runs, before any lever was seen), so the lever's row reads like the
@@ -56,6 +56,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "euler_6": ("rollout.num_steps=6",),
     # Evaluate an EMA of the policy (DiffusionNFT's official decay 0.9 every step); training is unchanged.
     "ema_eval": ("optim.ema_decay=0.9", "optim.ema_every=1"),
+    # K chosen from the noise measured on the training batch every 5th iteration: the smallest K in [2, 16] that
+    # keeps the Monte-Carlo share of the within-group surrogate variance at most 0.5 (vgrpo.adaptive_pairs).
+    "adaptive_k": ("vgrpo.adaptive_pairs=share=0.5,max=16,every=5",),
 }
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's

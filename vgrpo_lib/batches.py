@@ -152,12 +152,15 @@ def vgrpo_batch(
 @torch.no_grad()
 def old_surrogate(
     estimator: ELBOSurrogate, behaviour: VelocityModel, sample: torch.Tensor, cond: Condition, pairs: TensorDictBase,
-    keep_x_pred: bool = False,
+    keep_x_pred: bool = False, keep_per_pair: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The behaviour policy's entries of a V-GRPO batch, without gradient: ``"old_log_prob"`` ``(B,)`` (its
-    surrogate, the mean over the K pairs) and, with ``keep_x_pred``, ``"old_x_pred"`` ``(B, K, *D)``."""
+    surrogate, the mean over the K pairs), with ``keep_x_pred`` ``"old_x_pred"`` ``(B, K, *D)`` and with
+    ``keep_per_pair`` its per-pair terms ``"old_pair_log_prob"`` ``(B, K)`` (what
+    :func:`vgrpo_lib.diagnostics.pair_noise` measures the noise from)."""
     old = estimator.evaluate(behaviour, sample, cond, pairs)
-    return {"old_log_prob": old["log_prob"].mean(dim=1)} | ({"old_x_pred": old["x_pred"]} if keep_x_pred else {})
+    return ({"old_log_prob": old["log_prob"].mean(dim=1)} | ({"old_x_pred": old["x_pred"]} if keep_x_pred else {})
+            | ({"old_pair_log_prob": old["log_prob"]} if keep_per_pair else {}))
 
 
 class OldPolicy:

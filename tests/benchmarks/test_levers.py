@@ -102,3 +102,17 @@ def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, m
     with pytest.raises(UsageError, match="'k4' leaves vgrpo's chosen setting"):
         levers.run_levers(comparison, tmp_path / "out", cells=["k8", "k4"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variant", ["vgrpo", "vgrpo+"])
+def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
+    """Each lever, on each setting a comparison can choose for V-GRPO or vgrpo+, builds a config that passes every
+    check (a lever whose value the setting already has, as k8 on vgrpo+, is refused by run_levers, tested above);
+    K chosen from the noise changes every one of them."""
+    from vgrpo_lib.benchmarks.compare import VARIANTS, build
+
+    for control in VARIANTS[variant].step_controls:
+        plain = build(variant, "digit", 0, 1e-3, control, [])
+        built = {lever: build(variant, "digit", 0, 1e-3, control, list(overrides))
+                 for lever, overrides in levers.LEVERS.items()}
+        assert built["adaptive_k"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5" and plain.vgrpo.adaptive_pairs is None
