@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from vgrpo_lib.algorithms.base import Algorithm
 from vgrpo_lib.algorithms.step_control import parse_adaptive_pairs
 from vgrpo_lib.batches import old_surrogate, vgrpo_batch
+from vgrpo_lib.control import PairCountController
 from vgrpo_lib.diagnostics import pair_noise
 from vgrpo_lib.elbo import ELBOSurrogate
 from vgrpo_lib.losses import VGRPOLoss
@@ -32,6 +33,10 @@ class VGRPO(Algorithm):
     module docstring). Built with the policies, the sample shape ``[*D]`` and the rollout grid (floats 1 -> 0)."""
 
     name = "vgrpo"
+    # K chosen from the measured noise (vgrpo.adaptive_pairs; class defaults: off, as for FPO, which reuses the rest)
+    pair_control: PairCountController | None = None
+    measuring = False  # whether this iteration measures the noise
+    noise_share = float("nan")  # the last noise share measured
 
     def __init__(self, config, policies, sample_shape, grid):
         super().__init__(config, policies, sample_shape, grid)
@@ -42,9 +47,9 @@ class VGRPO(Algorithm):
                 "use optim.epochs > 1 or a minibatch_size, or vgrpo.ref_kl_coef for a KL to the base policy."
             )
         self.estimator = ELBOSurrogate(c.num_pairs, c.timesteps, c.sharing, c.weighting, chunk_size=c.chunk_size, noise=c.noise)
-        self.pair_control = None if c.adaptive_pairs is None else parse_adaptive_pairs(
-            c.adaptive_pairs, "vgrpo.adaptive_pairs", c.num_pairs, c.noise == "antithetic")
-        self.measuring, self.noise_share = False, float("nan")  # this iteration measures; the last share measured
+        if c.adaptive_pairs is not None:
+            self.pair_control = parse_adaptive_pairs(c.adaptive_pairs, "vgrpo.adaptive_pairs", c.num_pairs,
+                                                     c.noise == "antithetic")
         self.loss_module = VGRPOLoss(
             self.policy,
             self.estimator,
