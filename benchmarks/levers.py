@@ -33,7 +33,7 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
 from vgrpo_lib.benchmarks.compare import (
-    aggregate_seeds, build, median_ratios, summarise_run, train_to_end,
+    aggregate_seeds, build, median_ratios, ratio_cell, summarise_run, train_to_end,
 )
 from vgrpo_lib.errors import UsageError
 
@@ -131,16 +131,6 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     return report
 
 
-def _ratio_text(ratio: dict | None) -> str:
-    """A ratio cell: "—" without a reference to divide by, "not estimable" where a median seed never reached it."""
-    if ratio is None:
-        return "—"
-    if ratio["ratio"] is None:
-        return "not estimable"
-    interval = "" if ratio["interval"] is None else f" [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
-    return f"{ratio['ratio']:.2f}{interval}"
-
-
 def _seconds(row: dict, key: str) -> str:
     return f"{row[key]:.0f} s ({row[key + '_reached']})" if row.get(key) is not None else f"— ({row[key + '_reached']})"
 
@@ -162,9 +152,9 @@ def markdown(report: dict) -> str:
     rows += [(name, cell, cell["over"]) for name, cell in report["cells"].items()]
     for name, row, over in rows:
         ratios = ["", "", ""] if over is None else [
-            _ratio_text(over.get(variant, {}).get("heldout_time_to_target_s")),
-            _ratio_text(over.get(COMPARED_WITH, {}).get("heldout_time_to_target_s")),
-            _ratio_text(over.get(COMPARED_WITH, {}).get("time_to_target_s"))]
+            ratio_cell(over[name][key]) if name in over else "—"
+            for name, key in ((variant, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_time_to_target_s"),
+                              (COMPARED_WITH, "time_to_target_s"))]
         reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
         lines.append(f"| {name} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
                      f"{reward} | " + " | ".join(ratios) + " |")

@@ -29,6 +29,28 @@ def tiny_config():
     return make
 
 
+@pytest.fixture
+def straight_and_resumed(tiny_config, tmp_path):
+    """``straight_and_resumed(algo, overrides, until)`` -> ``(straight, resumed)``: trainers of one tiny config,
+    one trained to the end in one go, the other stopped after ``until`` iterations and resumed from its checkpoint
+    to the end; asserts that both end on identical policy weights (what an exact resume promises)."""
+    import torch
+
+    from vgrpo_lib.algorithms.trainer import Trainer
+
+    def run(algo: str, overrides: list[str], until: int):
+        straight = Trainer(tiny_config(algo, *overrides), tmp_path / "straight", progress=False)
+        straight.train()
+        Trainer(tiny_config(algo, *overrides), tmp_path / "resumed", progress=False).train(until=until)
+        resumed = Trainer.resume(tmp_path / "resumed", progress=False)
+        resumed.train()
+        for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
+            assert torch.equal(a, b)
+        return straight, resumed
+
+    return run
+
+
 def evaluation_table(text: str) -> dict[str, tuple[float, float]]:
     """``{metric: (base, trained)}`` from ``print_evaluation_table``'s rows."""
     from vgrpo_lib.algorithms.cli import EVALUATION_TABLE_KEYS

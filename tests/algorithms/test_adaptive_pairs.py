@@ -2,7 +2,6 @@
 a resumed run continues with the same K, and bad settings are refused before anything is written."""
 
 import pytest
-import torch
 
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.control import PairCountController
@@ -48,15 +47,9 @@ def test_a_run_without_it_keeps_its_metrics_and_k(tiny_config, tmp_path):
     assert trainer.algorithm.estimator.num_pairs == 3 and "pair_control" not in trainer.algorithm.state_dict()
 
 
-def test_a_resumed_run_continues_with_the_same_k(tiny_config, tmp_path):
+def test_a_resumed_run_continues_with_the_same_k(straight_and_resumed):
     overrides = [ADAPTIVE.replace("every=2", "every=3"), "iterations=5", "checkpoint_every=1"]
-    straight = Trainer(tiny_config("vgrpo", *overrides), tmp_path / "straight", progress=False)
-    straight.train()
-    Trainer(tiny_config("vgrpo", *overrides), tmp_path / "resumed", progress=False).train(until=2)
-    resumed = Trainer.resume(tmp_path / "resumed", progress=False)
-    resumed.train()
-    for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
-        assert torch.equal(a, b)
+    straight, resumed = straight_and_resumed("vgrpo", overrides, until=2)
     keys = ("num_pairs", "pair_noise_share", "nfe_prepare", "reward_mean", "surrogate")
     assert [[r[k] for k in keys] for r in straight.metrics] == [[r[k] for k in keys] for r in resumed.metrics]
 

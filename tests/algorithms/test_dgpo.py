@@ -259,15 +259,9 @@ def test_rollouts_come_from_the_copy_after_copy_rollout_after(tiny_config, tmp_p
     assert plain.algorithm.behaviour is None and plain.algorithm.loss_module.clip_range is None
 
 
-def test_dgpo_resumes_exactly_with_its_soft_updated_copy(tiny_config, tmp_path):
+def test_dgpo_resumes_exactly_with_its_soft_updated_copy(straight_and_resumed):
     overrides = ["iterations=4", "checkpoint_every=2", "dgpo.decay_rate=0.2", "dgpo.clip_range=0.001"]
-    straight = Trainer(tiny_config("dgpo", *overrides), tmp_path / "straight", progress=False)
-    straight.train()
-    Trainer(tiny_config("dgpo", *overrides), tmp_path / "resumed", progress=False).train(until=2)
-    resumed = Trainer.resume(tmp_path / "resumed", progress=False)
-    resumed.train()
-    for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
-        assert torch.equal(a, b)
+    straight, resumed = straight_and_resumed("dgpo", overrides, until=2)
     copies = straight.algorithm.state_dict()["old_policy"], resumed.algorithm.state_dict()["old_policy"]
     assert all(torch.equal(a, b) for a, b in zip(copies[0].values(), copies[1].values()))
     # The copy lags once its decay is > 0 (0.2 * 3 capped at 0.3 in the last update): the ratio leaves 1.

@@ -73,15 +73,9 @@ def test_grpo_guard_rows_carry_the_behaviour_step_means_and_start_on_policy(tiny
     assert abs(out["ratio_min"].item() - 1) < 1e-5 and abs(out["ratio_max"].item() - 1) < 1e-5
 
 
-def test_awm_resumes_exactly_with_its_soft_updated_copy(tiny_config, tmp_path):
+def test_awm_resumes_exactly_with_its_soft_updated_copy(straight_and_resumed):
     overrides = ["iterations=4", "checkpoint_every=2", "awm.decay_rate=0.2"]
-    straight = Trainer(tiny_config("awm", *overrides), tmp_path / "straight", progress=False)
-    straight.train()
-    Trainer(tiny_config("awm", *overrides), tmp_path / "resumed", progress=False).train(until=2)
-    resumed = Trainer.resume(tmp_path / "resumed", progress=False)
-    resumed.train()
-    for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
-        assert torch.equal(a, b)
+    straight, resumed = straight_and_resumed("awm", overrides, until=2)
     copies = straight.algorithm.state_dict()["old_policy"], resumed.algorithm.state_dict()["old_policy"]
     assert all(torch.equal(a, b) for a, b in zip(copies[0].values(), copies[1].values()))
     # The copy trails the policy (decay 0.2 * 3 capped at 0.3 in the last update): KL > 0 once it lags.

@@ -54,15 +54,9 @@ def test_every_reset_makes_the_reference_the_policy_and_the_next_kl_zero(tiny_co
     assert not all(torch.equal(a, b) for a, b in zip(base, reference.parameters()))
 
 
-def test_a_resumed_run_keeps_the_reset_reference(tiny_config, tmp_path):
+def test_a_resumed_run_keeps_the_reset_reference(straight_and_resumed):
     overrides = ["iterations=5", "checkpoint_every=1", "schedule.reference_reset=kl=1e-12,every=2"]
-    straight = Trainer(tiny_config("vgrpo", *overrides), tmp_path / "straight", progress=False)
-    straight.train()
-    Trainer(tiny_config("vgrpo", *overrides), tmp_path / "resumed", progress=False).train(until=3)
-    resumed = Trainer.resume(tmp_path / "resumed", progress=False)
-    resumed.train()
-    for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
-        assert torch.equal(a, b)
+    straight, resumed = straight_and_resumed("vgrpo", overrides, until=3)
     references = (t.algorithm.loss_module.ref_model.parameters() for t in (straight, resumed))
     assert all(torch.equal(a, b) for a, b in zip(*references))
     assert [r["ref_kl"] for r in straight.metrics] == [r["ref_kl"] for r in resumed.metrics]

@@ -88,7 +88,7 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 27  # the 24 scripts results/ held, training_speed, iteration_budget and cpu_share
+    assert len(names) == 28  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
