@@ -4,7 +4,8 @@ A checkpoint ``NAME`` is two files in ``integrations/testbed/checkpoints/``:
 
 * ``NAME.safetensors.gz``: the state dict stored in float16, as safetensors bytes in gzip (9% smaller, so that the
   tree stays small; ``zcat NAME.safetensors.gz > NAME.safetensors`` gives the plain file, and
-  :func:`weights_path` names it);
+  :func:`weights_path` names it); a policy exported from a run (``vgrpo export``) is a plain ``NAME.safetensors``
+  in float32, which loads the same way;
 * ``NAME.json``: ``{"name", "kind", "config", "card"}``: the model class, its constructor config
   and the model card (data, steps, seed, wall time, measured metrics).
 
@@ -37,16 +38,18 @@ DETECTOR_NAMES = ("digit_detector", "digit_detector_judge")
 """GenEval-on-digits detectors, written by ``python -m vgrpo_lib.integrations.testbed.geneval_digits.train_detector``."""
 FROZEN_NAMES = ("classifier", "judge", "digits8_classifier", "digits8_judge") + DETECTOR_NAMES
 CHECKPOINT_NAMES = POLICY_NAMES + FROZEN_NAMES
+_SUFFIX = ".safetensors"
 
 
 def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR,
-                    dtype: torch.dtype = torch.float16) -> None:
-    """Write ``NAME.safetensors.gz`` (floating-point weights in ``dtype``: float16 for the shipped files) and
-    ``NAME.json`` (kind, config, card) atomically."""
+                    dtype: torch.dtype = torch.float16, compressed: bool = True) -> None:
+    """Write ``NAME.safetensors.gz`` (``NAME.safetensors`` when not ``compressed``; floating-point weights in
+    ``dtype``: float16 for the shipped files) and ``NAME.json`` (kind, config, card) atomically."""
     state = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
              for k, v in model.state_dict().items()}
     meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
-    atomic_write(weights_path(name, directory), lambda tmp: Path(tmp).write_bytes(gzip.compress(save(state), 9)))
+    path = Path(directory) / f"{name}{_SUFFIX}{'.gz' if compressed else ''}"
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(gzip.compress(save(state), 9) if compressed else save(state)))
 
     def write_json(tmp: str) -> None:
         with open(tmp, "w") as fh:
@@ -70,9 +73,11 @@ def read_card(name: str, directory: Path = CHECKPOINT_DIR) -> dict:
 
 
 def weights_path(name: str, directory: Path = CHECKPOINT_DIR) -> Path:
-    """Where checkpoint ``name``'s weights are stored: ``DIRECTORY/NAME.safetensors.gz``."""
+    """Where checkpoint ``name``'s weights are stored: ``DIRECTORY/NAME.safetensors`` where that exists (an exported
+    policy), else ``DIRECTORY/NAME.safetensors.gz`` (the shipped form)."""
     _check_name(name)
-    return Path(directory) / f"{name}.safetensors.gz"
+    plain = Path(directory) / f"{name}{_SUFFIX}"
+    return plain if plain.exists() else plain.with_name(plain.name + ".gz")
 
 
 def read_weights(name: str, directory: Path = CHECKPOINT_DIR) -> dict[str, torch.Tensor]:
@@ -81,7 +86,7 @@ def read_weights(name: str, directory: Path = CHECKPOINT_DIR) -> dict[str, torch
     path = weights_path(name, directory)
     stored = path.read_bytes()
     try:
-        return load(gzip.decompress(stored))
+        return load(gzip.decompress(stored) if path.suffix == ".gz" else stored)
     except Exception as exc:  # gzip and safetensors raise several types for truncated or corrupted files
         raise RuntimeError(f"cannot read checkpoint weights {path}: {exc}") from exc
 

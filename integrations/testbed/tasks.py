@@ -165,7 +165,7 @@ class Task:
         in float32 and ``<policy_name>.json``: kind and config), which ``load_pretrained(policy_name, directory)``
         rebuilds. Returns the model card's facts: ``base_model`` and ``usage`` (Python code loading it)."""
         save_checkpoint(self.policy_name, policy, {"base_model": self.policy_name, "task": self.name},
-                        Path(directory), dtype=torch.float32)
+                        Path(directory), dtype=torch.float32, compressed=False)
         usage = ("from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained, save_checkpoint\n\n"
                  f"policy = load_pretrained({self.policy_name!r}, directory={str(directory)!r})")
         return {"base_model": f"the testbed's {self.policy_name} (integrations/testbed/checkpoints)", "usage": usage}

@@ -90,6 +90,13 @@ def test_save_and_load_round_trip(tmp_path):
     assert torch.allclose(loaded(x), model.eval()(x), atol=1e-2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.gz"]
     assert FROZEN_NAMES and not any(p.requires_grad for p in loaded.parameters())
+    # Uncompressed (what `vgrpo export` writes): a plain safetensors file, loaded the same way.
+    save_checkpoint("digits8_judge", model, {"note": "plain"}, directory=tmp_path / "plain", dtype=torch.float32,
+                    compressed=False)
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors"]
+    assert weights_path("digits8_judge", tmp_path / "plain").name == "digits8_judge.safetensors"
+    plain = load_pretrained("digits8_judge", directory=tmp_path / "plain")
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
 
 
 def test_pretraining_is_seeded():
