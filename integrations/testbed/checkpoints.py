@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import load, save, save_file
 from torch import nn
 
 from vgrpo_lib.integrations.atomic import atomic_write
@@ -49,7 +49,14 @@ def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = C
              for k, v in model.state_dict().items()}
     meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
     path = Path(directory) / f"{name}{_SUFFIX}{'.gz' if compressed else ''}"
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(gzip.compress(save(state), 9) if compressed else save(state)))
+
+    def write_weights(tmp: str) -> None:
+        if compressed:
+            Path(tmp).write_bytes(gzip.compress(save(state), 9))
+        else:
+            save_file(state, tmp)
+
+    atomic_write(path, write_weights)
 
     def write_json(tmp: str) -> None:
         with open(tmp, "w") as fh:
