@@ -108,12 +108,11 @@ class VGRPO(Algorithm):
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.pair_control is not None:
-            state["pair_control"] = {**self.pair_control.state_dict(), "noise_share": self.noise_share}
+            state |= {"pair_control": self.pair_control.state_dict(), "pair_noise_share": self.noise_share}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if self.pair_control is not None:
-            control = dict(state["pair_control"])
-            self.noise_share = float(control.pop("noise_share"))
-            self.pair_control.load_state_dict(control)
+            self.pair_control.load_state_dict(state["pair_control"])
+            self.noise_share = float(state["pair_noise_share"])

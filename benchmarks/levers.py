@@ -152,9 +152,9 @@ def markdown(report: dict) -> str:
     rows += [(name, cell, cell["over"]) for name, cell in report["cells"].items()]
     for name, row, over in rows:
         ratios = ["", "", ""] if over is None else [
-            ratio_cell(over[name][key]) if name in over else "—"
-            for name, key in ((variant, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_time_to_target_s"),
-                              (COMPARED_WITH, "time_to_target_s"))]
+            ratio_cell(over[reference][key]) if reference in over else "—"
+            for reference, key in ((variant, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_time_to_target_s"),
+                                   (COMPARED_WITH, "time_to_target_s"))]
         reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
         lines.append(f"| {name} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
                      f"{reward} | " + " | ".join(ratios) + " |")

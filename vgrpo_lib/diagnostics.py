@@ -138,11 +138,12 @@ def pair_noise(per_pair: torch.Tensor, group: torch.Tensor, *, couples: bool = F
         raise ValueError(f"pair_noise needs at least 2 independent pairs per sample (couples count once), got {x.shape[1]}.")
     deviation = x - _group_means(x.T, group).T
     _, index = torch.unique(group, return_inverse=True)
-    members = torch.bincount(index).to(x.dtype)[index]
-    if not bool((members > 1).any()):
+    sizes = torch.bincount(index)
+    groups = int((sizes > 1).sum())  # the groups with a within-group variance
+    if not groups:
         raise ValueError("pair_noise needs a group with at least two members; every group has one.")
-    weight = torch.where(members > 1, 1 / (members - 1).clamp_min(1), 0.0)
-    weight = weight / torch.unique(index[members > 1]).numel()
+    members = sizes.to(x.dtype)[index]
+    weight = torch.where(members > 1, 1 / (members - 1).clamp_min(1), 0.0) / groups
     observed = (weight * deviation.mean(1).square()).sum()
     noise = (weight * deviation.var(1)).sum() / x.shape[1]
     noise_value, observed_value = noise.item(), observed.item()

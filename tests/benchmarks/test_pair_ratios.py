@@ -1,6 +1,7 @@
 """analysis.pair_ratios: any algorithm's median costs over another's from a finished comparison's summary."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,9 +9,8 @@ from vgrpo_lib.algorithms.run_dir import read_stored_text
 from vgrpo_lib.benchmarks.analysis.pair_ratios import main, pair_ratios
 from vgrpo_lib.benchmarks.compare import ratio_cell
 from vgrpo_lib.errors import UsageError
-from tests.benchmarks.test_analysis import RESULTS
 
-COMPARISON = RESULTS / "compare-mnist-wan"
+COMPARISON = Path(__file__).resolve().parents[2] / "results" / "compare-mnist-wan"
 
 
 def test_over_the_first_variant_it_gives_the_comparisons_own_ratios(capsys):
