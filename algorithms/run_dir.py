@@ -53,6 +53,7 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy
 import torch
 
 from vgrpo_lib import __version__
@@ -66,7 +67,7 @@ from vgrpo_lib.integrations.figures import pyplot, save_figure
 __all__ = [
     "CHECKPOINT_KEYS", "COMPRESSED_SUFFIX", "CONFIG_NAME", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "compress_file", "compressed_path", "config_differences", "made_by",
-    "new_run_id", "run_environment", "pyplot", "read_csv", "read_stored_text", "rows_to_csv", "save_figure",
+    "float32_snapped", "new_run_id", "run_environment", "pyplot", "read_csv", "read_stored_text", "rows_to_csv", "save_figure",
     "stored_path", "write_uncompressed_text",
 ]
 
@@ -83,6 +84,7 @@ _LOCK_TEXT = re.compile(r"pid \d+ host \S*\n?")  # what a run writes into its lo
 # A larger `iterations` continues the run; checkpoints, evaluations (own seeded streams) and the logger backend
 # only decide what is recorded when. Every other key must be what made the checkpoint.
 RESUME_MAY_CHANGE = ("iterations", "checkpoint_every", "eval.every", "log.backend")
+_FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)
 
 
 def rows_to_csv(rows: list[dict]) -> str:
@@ -95,6 +97,20 @@ def rows_to_csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def float32_snapped(value):
+    """``value`` itself, except a float that is exactly a float32 (a metric a float32 tensor gave, through
+    ``.item()``): then the float of the shortest decimal that reads back as that float32 ("0.41451305", not
+    "0.4145130515098572": the digits past a float32's precision are the conversion's, and cost a third of a run
+    table's compressed size). How the trainer records each metrics row, so the row in memory, in metrics.csv and
+    read back from it (a resume, a comparison continued) is the same number. Lossless for the float32
+    (``numpy.float32`` of the result is the value) and idempotent; a float64 that is no float32 (a clock reading)
+    is kept whole."""
+    if not isinstance(value, float) or not abs(value) <= _FLOAT32_MAX:  # not a float, NaN, or out of float32's range
+        return value
+    single = numpy.float32(value)
+    return float(str(single)) if float(single) == value else value
 
 
 class CompressedTable(NamedTuple):

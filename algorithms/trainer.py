@@ -44,7 +44,7 @@ from vgrpo_lib.algorithms.precision import autocast
 from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
 from vgrpo_lib.algorithms.rng import rng_state, seed_everything, set_rng_state
 from vgrpo_lib.algorithms.rollout_batches import MicroBatchScores, rollout_in_micro_batches
-from vgrpo_lib.algorithms.run_dir import RunDir, new_run_id
+from vgrpo_lib.algorithms.run_dir import RunDir, float32_snapped, new_run_id
 from vgrpo_lib.algorithms.threads import limit_torch_threads
 from vgrpo_lib.algorithms.run_logging import RunLogger, check_wandb_credentials, resolve_backend
 from vgrpo_lib.algorithms.scoring import (  # noqa: F401 (RewardError, check_reward: public here too)
@@ -340,6 +340,7 @@ class Trainer:
             "nfe_cumulative": self.counters["nfe"],
             **{key: self.counters[key] for key in ("grad_steps", "skipped_steps", "train_seconds", "train_cpu_s")},
         }
+        row = {key: float32_snapped(value) for key, value in row.items()}  # as metrics.csv keeps and gives it back
         self.metrics.append(row)
         return row
 

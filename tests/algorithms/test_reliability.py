@@ -10,15 +10,19 @@ import os
 import random
 import re
 import stat
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vgrpo_lib.integrations.atomic as atomic
 from vgrpo_lib.algorithms.cli import main as cli_main, run_folders
 from vgrpo_lib.algorithms.errors import DamagedFileError, DivergenceError, RunDirError, RunDirExists, RunDirInUse
-from vgrpo_lib.algorithms.run_dir import RunDir, compressed_path, read_csv
+from vgrpo_lib.algorithms.run_dir import RunDir, compressed_path, float32_snapped, read_csv, rows_to_csv
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.testbed import tasks as testbed_tasks
 from tests.algorithms.conftest import TINY
@@ -437,3 +441,35 @@ def test_read_csv_names_the_file_of_a_row_longer_than_its_header(tmp_path):
     (tmp_path / "m.csv").write_text("iteration\n0,1\n")
     with pytest.raises(DamagedFileError, match=r"m.csv is damaged: line 2 has more cells than the header"):
         read_csv(tmp_path / "m.csv")
+
+
+@settings(max_examples=300, deadline=None)
+@given(single=st.floats(width=32, allow_nan=False), double=st.floats(allow_nan=False, allow_infinity=False))
+def test_a_float32_metric_is_kept_as_that_float32_and_any_other_number_whole(single, double):
+    snapped = float32_snapped(float(np.float32(single)))
+    assert np.float32(snapped) == np.float32(single)  # lossless for the float32 a tensor gave
+    assert float32_snapped(snapped) == snapped  # idempotent
+    in_range = abs(double) <= float(np.finfo(np.float32).max)
+    if not (in_range and float(np.float32(double)) == double):  # a float64 that is no float32 (a clock reading)
+        assert float32_snapped(double) == double
+    rows = [{"iteration": 0, "metric": snapped, "seconds": float32_snapped(double)}, {"iteration": 1, "metric": 0.5}]
+    text = rows_to_csv(rows)
+    assert _parsed(text) == rows and rows_to_csv(_parsed(text)) == text  # read back: the same numbers, the same text
+
+
+def _parsed(text: str) -> list[dict]:
+    """The rows read_csv gives for the CSV ``text``."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "m.csv"
+        path.write_text(text)
+        return read_csv(path)
+
+
+def test_the_metrics_rows_in_memory_are_those_metrics_csv_gives_back(tiny_config, tmp_path):
+    """A float32 metric is recorded with its own digits (float32_snapped), so a comparison summarising the rows it
+    trained and one summarising the rows it reads back (continued later) compute from the same numbers."""
+    trainer = Trainer(tiny_config("vgrpo", "iterations=2"), tmp_path / "run", progress=False)
+    trainer.train()
+    assert read_csv(tmp_path / "run" / "metrics.csv") == trainer.metrics
+    reward = trainer.metrics[-1]["reward_mean"]
+    assert reward == float(str(np.float32(reward)))  # the float32's shortest decimal, not its float64 expansion
