@@ -325,11 +325,12 @@ class VGRPOConfig(AlgorithmSection):
     )
     adaptive_pairs: str | None = setting(
         None,
-        help="Ours, beyond the paper: K chosen from the measured noise, share=S,max=K[,every=N]: every N-th iteration "
-             "(default 1) measures the Monte-Carlo noise share of the within-group surrogate variance on the training "
-             "batch from its per-pair terms and takes the smallest K in [2, max] predicted to keep it at most S, "
-             "starting from vgrpo.num_pairs (costs K forwards without grad on a measured iteration with one step "
-             "per rollout; free otherwise). None: K = vgrpo.num_pairs throughout.",
+        help="Ours, beyond the paper: K chosen from the measured noise, share=S,max=K[,every=N][,smoothing=B]: every "
+             "N-th iteration (default 1) measures the Monte-Carlo noise share of the within-group surrogate variance on "
+             "the training batch from its per-pair terms and takes the smallest K in [2, max] predicted to keep it at "
+             "most S, starting from vgrpo.num_pairs (costs K forwards without grad on a measured iteration with one "
+             "step per rollout; free otherwise); with B > 0 it chooses from moving averages of the measurements, each "
+             "new one weighted 1 - B (default 0: each alone). None: K = vgrpo.num_pairs throughout.",
     )
 
     def check(self, config: TrainConfig) -> None:

@@ -52,7 +52,7 @@ def _allowed(key: str, f: dataclasses.Field, tp) -> str:
     if key == "schedule.reference_reset":
         return "kl=K (> 0) and/or every=N (>= 1)"
     if key == "vgrpo.adaptive_pairs":
-        return "share=S (0 < S < 1),max=K (>= vgrpo.num_pairs >= 2) and optionally every=N (>= 1)"
+        return "share=S (0 < S < 1),max=K (>= vgrpo.num_pairs >= 2) and optionally every=N (>= 1), smoothing=B (0 <= B < 1)"
     if key.startswith("schedule."):
         forms = [s for s in SCHEDULES if s != "adaptive" or key.endswith("kl_coef")]
         return " | ".join(forms) + " (with their parameters, see above)"

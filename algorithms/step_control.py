@@ -14,7 +14,7 @@ A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the con
 
 ``schedule.reference_reset`` (``kl=K,every=N``) is GARDO's reset of the reference of the KL to the base policy
 (:class:`ReferenceReset`): not a value but an event, decided from the KL each iteration measured.
-``vgrpo.adaptive_pairs`` (``share=S,max=K,every=N``) chooses V-GRPO's number of pairs from the noise each
+``vgrpo.adaptive_pairs`` (``share=S,max=K,every=N,smoothing=B``) chooses V-GRPO's number of pairs from the noise each
 measurement finds (:func:`parse_adaptive_pairs`, :class:`vgrpo_lib.control.PairCountController`).
 
 Every value a schedule reaches is checked, before the run writes anything, by the rule of the value it drives:
@@ -155,10 +155,10 @@ def parse_reference_reset(spec: str, key: str) -> ReferenceReset:
 
 
 def parse_adaptive_pairs(spec: str, key: str, start: int, even: bool) -> PairCountController:
-    """``share=S,max=K[,every=N]`` as a :class:`~vgrpo_lib.control.PairCountController` starting at ``start``
-    pairs (``vgrpo.num_pairs``), with K even where ``even`` (antithetic noise); errors name ``key``."""
-    params = parse_fields(spec, key, {"share": float, "max": int, "every": int},
-                          "share=S,max=K and optionally every=N (e.g. share=0.5,max=16,every=5)")
+    """``share=S,max=K[,every=N][,smoothing=B]`` as a :class:`~vgrpo_lib.control.PairCountController` starting at
+    ``start`` pairs (``vgrpo.num_pairs``), with K even where ``even`` (antithetic noise); errors name ``key``."""
+    params = parse_fields(spec, key, {"share": float, "max": int, "every": int, "smoothing": float},
+                          "share=S,max=K and optionally every=N, smoothing=B (e.g. share=0.5,max=16,every=5)")
     missing = [name for name in ("share", "max") if name not in params]
     if missing:
         raise UsageError(f"{key} needs share=S and max=K (e.g. share=0.5,max=16,every=5); {spec!r} lacks "
@@ -173,7 +173,11 @@ def parse_adaptive_pairs(spec: str, key: str, start: int, even: bool) -> PairCou
         raise UsageError(f"{key}: max must be even with vgrpo.noise=antithetic, got {params['max']}.")
     if params.get("every", 1) < 1:
         raise UsageError(f"{key}: every must be >= 1, got {params['every']}.")
-    return PairCountController(start, params["share"], params["max"], params.get("every", 1), even=even)
+    if not 0 <= params.get("smoothing", 0.0) < 1:
+        raise UsageError(f"{key}: smoothing (the weight of the earlier measurements' average) must be in [0, 1), "
+                         f"got {params['smoothing']!r}.")
+    return PairCountController(start, params["share"], params["max"], params.get("every", 1), even=even,
+                               smoothing=params.get("smoothing", 0.0))
 
 
 class StepControl:

@@ -59,6 +59,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # K chosen from the noise measured on the training batch every 5th iteration: the smallest K in [2, 16] that
     # keeps the Monte-Carlo share of the within-group surrogate variance at most 0.5 (vgrpo.adaptive_pairs).
     "adaptive_k": ("vgrpo.adaptive_pairs=share=0.5,max=16,every=5",),
+    # The same, choosing from moving averages of the measurements (each new one weighted 0.3): on digit one batch's
+    # measurement swung K between 2 and 16 (results/levers-digit-vgrpo+/).
+    "adaptive_k_smoothed": ("vgrpo.adaptive_pairs=share=0.5,max=16,every=5,smoothing=0.7",),
 }
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's

@@ -160,8 +160,13 @@ class PairCountController:
     variance ``S``; the noise of a mean over K' independent pairs is ``N_K K / K'``, so the share at K' is at most
     ``share`` when ``K' >= N_K K (1 - share) / (share S)``. K' is that bound rounded up (to an even number with
     ``even``, for antithetic couples), within ``[min_pairs, max_pairs]``; ``max_pairs`` where no signal was
-    measured (``S <= 0``), ``min_pairs`` where no noise was. The controller measures on every ``every``-th iteration (:meth:`due`, from the first)
-    and keeps K in between.
+    measured (``S <= 0``), ``min_pairs`` where no noise was. The controller measures on every ``every``-th iteration
+    (:meth:`due`, from the first) and keeps K in between.
+
+    One batch's measurement is itself noisy (on the testbed digit task the share ranged 0.13-1.0 from one
+    measurement to the next, and K with it); ``smoothing`` = b > 0 chooses from exponential moving averages of the
+    per-pair noise ``N_K K`` and of ``S`` instead, each new measurement weighted ``1 - b`` (the first taken whole),
+    so K follows the noise level rather than one batch's draw. b = 0 (the default) uses each measurement alone.
 
     Example:
         >>> control = PairCountController(start=4, share=0.5, max_pairs=16)
@@ -170,9 +175,12 @@ class PairCountController:
         >>> estimator.num_pairs = control.num_pairs
     """
 
-    def __init__(self, start: int, share: float, max_pairs: int, every: int = 1, min_pairs: int = 2, even: bool = False):
+    def __init__(self, start: int, share: float, max_pairs: int, every: int = 1, min_pairs: int = 2, even: bool = False,
+                 smoothing: float = 0.0):
         if not 0 < share < 1:  # also refuses NaN
             raise ValueError(f"PairCountController: share must be in (0, 1), got {share!r}.")
+        if not 0 <= smoothing < 1:
+            raise ValueError(f"PairCountController: smoothing must be in [0, 1), got {smoothing!r}.")
         _check_steps("every", every)
         if not 2 <= min_pairs <= start <= max_pairs:
             raise ValueError(f"PairCountController: need 2 <= min_pairs <= start <= max_pairs, got {min_pairs}, {start}, "
@@ -181,7 +189,9 @@ class PairCountController:
             raise ValueError(f"PairCountController(even=True): min_pairs, start and max_pairs must be even, got "
                              f"{min_pairs}, {start}, {max_pairs}.")
         self.share, self.min_pairs, self.max_pairs, self.every, self.even = float(share), min_pairs, max_pairs, every, even
+        self.smoothing = float(smoothing)
         self.num_pairs, self.iterations = start, 0
+        self.averages: tuple[float, float] | None = None  # smoothed (per-pair noise, signal); None before a measurement
 
     def due(self) -> bool:
         """Called once per iteration, before its pairs are drawn: whether this iteration measures the noise."""
@@ -190,32 +200,47 @@ class PairCountController:
         return due
 
     def choose(self, noise_variance: float, signal_variance: float) -> int:
-        """The K for a measurement ``noise_variance`` (at the current K) and ``signal_variance`` (see the class)."""
+        """The K for a measurement ``noise_variance`` (at the current K) and ``signal_variance`` (see the class),
+        with no smoothing; :meth:`observe` smooths first where ``smoothing`` > 0."""
         if not (math.isfinite(noise_variance) and math.isfinite(signal_variance)):
             raise ValueError(f"PairCountController: a non-finite measurement (noise {noise_variance}, signal "
                              f"{signal_variance}).")
-        if noise_variance <= 0:
+        return self._pairs_for(noise_variance * self.num_pairs, signal_variance)
+
+    def _pairs_for(self, pair_noise: float, signal_variance: float) -> int:
+        """The smallest allowed K whose noise ``pair_noise / K`` is at most ``share`` of the total (see the class)."""
+        if pair_noise <= 0:
             return self.min_pairs
         if signal_variance <= 0:
             return self.max_pairs
-        bound = noise_variance * self.num_pairs * (1 - self.share) / (self.share * signal_variance)
+        bound = pair_noise * (1 - self.share) / (self.share * signal_variance)
         needed = math.ceil(bound * (1 - 1e-12))  # a bound that is an integer up to rounding is met by that integer
         if self.even:
             needed += needed % 2
         return min(max(needed, self.min_pairs), self.max_pairs)
 
     def observe(self, noise_variance: float, signal_variance: float) -> int:
-        """Set and return the K for the next iterations from a measurement (see :meth:`choose`)."""
-        self.num_pairs = self.choose(noise_variance, signal_variance)
+        """Set and return the K for the next iterations from a measurement at the current K (see :meth:`choose`),
+        averaged with the earlier ones where ``smoothing`` > 0."""
+        if self.smoothing == 0:
+            self.num_pairs = self.choose(noise_variance, signal_variance)
+            return self.num_pairs
+        self.choose(noise_variance, signal_variance)  # refuses a non-finite measurement before it enters the average
+        new = (noise_variance * self.num_pairs, signal_variance)
+        b = self.smoothing
+        self.averages = new if self.averages is None else tuple(b * old + (1 - b) * x for old, x in zip(self.averages, new))
+        self.num_pairs = self._pairs_for(*self.averages)
         return self.num_pairs
 
     def state_dict(self) -> dict:
-        """The current K and the iterations counted (what a resume needs)."""
-        return {"num_pairs": self.num_pairs, "iterations": self.iterations}
+        """The current K, the iterations counted and the smoothed measurements (what a resume needs)."""
+        state = {"num_pairs": self.num_pairs, "iterations": self.iterations}
+        return state if self.averages is None else {**state, "averages": list(self.averages)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
         self.num_pairs, self.iterations = int(state["num_pairs"]), int(state["iterations"])
+        self.averages = tuple(map(float, state["averages"])) if "averages" in state else None
 
 
 def exceeds_kl(approx_kl: float, max_kl: float | None) -> bool:

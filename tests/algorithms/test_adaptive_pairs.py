@@ -47,8 +47,9 @@ def test_a_run_without_it_keeps_its_metrics_and_k(tiny_config, tmp_path):
     assert trainer.algorithm.estimator.num_pairs == 3 and "pair_control" not in trainer.algorithm.state_dict()
 
 
-def test_a_resumed_run_continues_with_the_same_k(straight_and_resumed):
-    overrides = [ADAPTIVE.replace("every=2", "every=3"), "iterations=5", "checkpoint_every=1"]
+@pytest.mark.parametrize("smoothing", ["", ",smoothing=0.7"])
+def test_a_resumed_run_continues_with_the_same_k(straight_and_resumed, smoothing):
+    overrides = [ADAPTIVE.replace("every=2", "every=3") + smoothing, "iterations=5", "checkpoint_every=1"]
     straight, resumed = straight_and_resumed("vgrpo", overrides, until=2)
     keys = ("num_pairs", "pair_noise_share", "nfe_prepare", "reward_mean", "surrogate")
     assert [[r[k] for k in keys] for r in straight.metrics] == [[r[k] for k in keys] for r in resumed.metrics]
@@ -62,6 +63,7 @@ def test_a_resumed_run_continues_with_the_same_k(straight_and_resumed):
         (["vgrpo.adaptive_pairs=share=0.5,max=2"], r"need 2 <= vgrpo.num_pairs \(the start, 4\) <= max \(2\)"),
         (["vgrpo.adaptive_pairs=share=0.5,max=9", "vgrpo.noise=antithetic"], r"max must be even with vgrpo.noise=antithetic"),
         (["vgrpo.adaptive_pairs=share=0.5,max=8,every=0"], r"vgrpo.adaptive_pairs: every must be >= 1"),
+        (["vgrpo.adaptive_pairs=share=0.5,max=8,smoothing=1"], r"vgrpo.adaptive_pairs: smoothing .* must be in \[0, 1\)"),
         (["vgrpo.adaptive_pairs=share=0.5,max=8,often=1"], r"vgrpo.adaptive_pairs takes share=S,max=K .*got 'often=1'"),
         (["vgrpo.adaptive_pairs=share=half,max=8"], r"vgrpo.adaptive_pairs: share='half' does not parse"),
     ],

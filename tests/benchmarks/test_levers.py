@@ -116,3 +116,4 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
         built = {lever: build(variant, "digit", 0, 1e-3, control, list(overrides))
                  for lever, overrides in levers.LEVERS.items()}
         assert built["adaptive_k"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5" and plain.vgrpo.adaptive_pairs is None
+        assert built["adaptive_k_smoothed"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5,smoothing=0.7"
