@@ -45,6 +45,9 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # Twice the timestep-noise pairs per sample (the regime rule's K = 8 where the pilot's gradient cosine at
     # K = 4 is below 0.7; results/regime-rule/).
     "k8": ("vgrpo.num_pairs=8",),
+    # Half the paper's pairs: the update (a quarter to a half of a testbed iteration) costs half, at twice the
+    # surrogate's Monte-Carlo noise; whether the cheaper iteration or the noisier step wins is what the cell measures.
+    "k2": ("vgrpo.num_pairs=2",),
     # A second gradient step per rollout under the paper's ratio clip (rollout reuse; off-policy through the ELBO
     # ratio), the soft clip off as in the comparison's two_epochs control.
     "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),

@@ -117,3 +117,4 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
                  for lever, overrides in levers.LEVERS.items()}
         assert built["adaptive_k"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5" and plain.vgrpo.adaptive_pairs is None
         assert built["adaptive_k_smoothed"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5,smoothing=0.7"
+        assert (built["k2"].vgrpo.num_pairs, built["k8"].vgrpo.num_pairs) == (2, 8)
