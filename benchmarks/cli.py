@@ -40,7 +40,8 @@ def _compare(args) -> int:
     if args.learning_rates is not None:
         kwargs["learning_rates"] = tuple(args.learning_rates)
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
-                          iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select, **kwargs)
+                          iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select,
+                          tuning_seeds=args.tuning_seeds, **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -88,7 +89,10 @@ def _compare_arguments(compare: argparse.ArgumentParser) -> None:
                          help="the tuning grid, the same for every algorithm (default: "
                               "vgrpo_lib.benchmarks.compare.LEARNING_RATES, 1e-4 3e-4 1e-3)")
     compare.add_argument("--select", choices=tuple(SELECTIONS), default="training",
-                         help="the target whose time selects each algorithm's setting on the tuning seed")
+                         help="the target whose time selects each algorithm's setting on the tuning seed(s)")
+    compare.add_argument("--tuning-seeds", type=int, default=1, metavar="N",
+                         help="tune every setting on N seeds (100, 101, ...) and select by all of them: fewest "
+                              "misses of the target, then the median time (default 1, the protocol's first form)")
     compare.add_argument("--out", required=True)
     compare.add_argument("overrides", nargs="*", help="config overrides applied to every algorithm")
 

@@ -1,10 +1,10 @@
 """The controlled comparison: V-GRPO against its baselines and peers on the same task, base policy, prompts,
 reward, group size and iteration budget, under a protocol that favours no algorithm (issue 12):
 
-1. **Tuning** on ``TUNING_SEED``, which is not among the reported seeds. Every algorithm gets the same budget: the
-   grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as many for each): one gradient step
-   per rollout, two epochs over the rollout (with the algorithm's ratio clip where it has one), and the
-   several-steps setting of its own paper.
+1. **Tuning** on ``TUNING_SEED`` (or on ``tuning_seeds`` seeds from it), none among the reported seeds. Every
+   algorithm gets the same budget: the grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as
+   many for each): one gradient step per rollout, two epochs over the rollout (with the algorithm's ratio clip
+   where it has one), and the several-steps setting of its own paper.
 2. **Target**, by a rule that depends on no algorithm's pilot, fixed after tuning and before any reported run:
    ``base + TARGET_FRACTION * (ceiling - base)``, where ``base`` is the mean first-iteration training reward of
    every tuning run (the base policy's) and ``ceiling`` the best smoothed training reward any tuning run reaches.
@@ -14,7 +14,7 @@ reward, group size and iteration budget, under a protocol that favours no algori
    that are SDEs or have SDE windows score differently from the ODE at the same weights, while the evaluation
    is one sampler for all; its clock ticks once per evaluation.
 3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
-   final reward); ``select="heldout"`` selects by the held-out target instead (else the best final held-out
+   final reward; over several tuning seeds: the fewest that missed, then the median time, then the mean reward); ``select="heldout"`` selects by the held-out target instead (else the best final held-out
    reward), the check that a training-reward target, biased between rollout samplers, did not decide the choice.
 4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
    smoke tests and may use fewer).

@@ -24,7 +24,9 @@ def markdown_table(summary: dict) -> str:
             "final_reward", "final_accuracy", "judge_gap", "diversity", "seconds_per_iteration",
             "nfe_per_sample_per_iteration", "clip_fraction", "approx_kl_sq"]
     selected = SELECTIONS[p.get("selection", "training")].label  # protocols before --select have no key
-    lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) (tuning seed {p['tuning_seed']}; each "
+    tuned_on = (f"tuning seeds {', '.join(map(str, p['tuning_seeds']))}" if "tuning_seeds" in p
+                else f"tuning seed {p['tuning_seed']}")
+    lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) ({tuned_on}; each "
              f"algorithm's setting selected by the {selected} target). "
              f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",
              "Medians over seeds (to target; a seed that never reaches it counts as infinite), means otherwise.", "",

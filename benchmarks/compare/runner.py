@@ -95,13 +95,20 @@ def check_comparison_folder(out: Path) -> None:
 
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
-                iterations: int | None = None, pipeline: str | None = None, select: str = "training") -> dict:
+                iterations: int | None = None, pipeline: str | None = None, select: str = "training",
+                tuning_seeds: int = 1) -> dict:
     """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
     (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
-    names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``)."""
+    names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``); ``tuning_seeds``
+    tunes every setting on that many seeds (``TUNING_SEED``, ``TUNING_SEED + 1``, ...) and selects by all of them
+    (:func:`selection_key`), where one seed can mis-choose (``docs/results/vgrpo-plus.md``)."""
     check_selection(select)
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}.")
+    if tuning_seeds < 1:
+        raise UsageError(f"--tuning-seeds must be at least 1, got {tuning_seeds}.")
+    if seeds > TUNING_SEED:
+        raise UsageError(f"--seeds must be at most {TUNING_SEED}: the tuning seeds start at {TUNING_SEED}, got {seeds}.")
     if seeds < MIN_SEEDS and not quick:
         raise UsageError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     if iterations is not None and iterations < 1:
@@ -118,7 +125,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         for control in VARIANTS[variant].step_controls:
             build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
 
-    total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) + seeds)
+    tuning_seed_list = [TUNING_SEED + k for k in range(tuning_seeds)]
+    total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) * tuning_seeds + seeds)
     counter = itertools.count(1)
 
     def train(variant: str, seed: int, lr: float, control: str) -> FinishedRun:
@@ -129,18 +137,22 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
               f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
         return run
 
-    tuning = {variant: {(control, lr): train(variant, TUNING_SEED, lr, control)
+    tuning = {variant: {(control, lr): [train(variant, seed, lr, control) for seed in tuning_seed_list]
                         for control in VARIANTS[variant].step_controls for lr in learning_rates}
               for variant in variants}
-    target = target_rule([t.metrics for runs in tuning.values() for t in runs.values()])
-    heldout = heldout_target_rule([t.evaluations for runs in tuning.values() for t in runs.values()])
-    chosen, sweep = {}, {}
+    tuning_runs = [t for runs in tuning.values() for setting in runs.values() for t in setting]
+    target = target_rule([t.metrics for t in tuning_runs])
+    heldout = heldout_target_rule([t.evaluations for t in tuning_runs])
+    chosen, sweep, sweep_per_seed = {}, {}, {}
     for variant, runs in tuning.items():
-        results = {key: summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"])
-                   for key, t in runs.items()}
+        results = {key: [summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"]) for t in setting]
+                   for key, setting in runs.items()}
         chosen[variant] = min(results, key=lambda key: selection_key(results[key], by=select))
-        sweep[variant] = {f"{control} lr {lr:g}": result for (control, lr), result in results.items()}
-    protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, "reported_seeds": list(range(seeds)), "budget": budget,
+        sweep[variant] = {f"{control} lr {lr:g}": rows[0] for (control, lr), rows in results.items()}
+        sweep_per_seed[variant] = {f"{control} lr {lr:g}": rows for (control, lr), rows in results.items()}
+    several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
+    protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
+                "reported_seeds": list(range(seeds)), "budget": budget,
                 "overrides": list(overrides or []), "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
@@ -160,7 +172,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
                 ratios[variant] = median_ratios(runs[REFERENCE], runs[variant])
     summary = {"protocol": protocol, "task": task, "target_reward": target["target"], "seeds": seeds,
                "algorithms": {v: aggregate_seeds(r) | protocol["chosen"][v] for v, r in runs.items()},
-               "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep}
+               "ratios_vs_" + REFERENCE: ratios, "per_seed": runs, "tuning": sweep,
+               **({"tuning_per_seed": sweep_per_seed} if several else {})}
     write_uncompressed_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(out / "summary.md", markdown_table(summary))
     for x_key, label in (("train_seconds", "wall-clock seconds"), ("nfe_cumulative", "NFE per sample"),

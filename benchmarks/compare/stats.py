@@ -170,11 +170,15 @@ def aggregate_seeds(per_seed: list[dict]) -> dict:
 
 
 
-def selection_key(result: dict, by: str = "training") -> tuple:
-    """Sort key of a tuning run (its :func:`summarise_run` row): reached the target first, then earlier, then the
-    higher final reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which
-    setting the held-out target would have chosen (``results/heldout_selection.py``)."""
+def selection_key(results: dict | list[dict], by: str = "training") -> tuple:
+    """Sort key of a tuning setting from its run (a :func:`summarise_run` row) or its runs on several tuning seeds
+    (a list of rows): fewer seeds that missed the target first, then the earlier median time to it (a miss counts
+    as infinite), then the higher mean final reward. For one run: reached first, then earlier, then the higher final
+    reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which setting the
+    held-out target would have chosen (``python -m vgrpo_lib.benchmarks.analysis.heldout_selection``)."""
     check_selection(by)
     selection = SELECTIONS[by]
-    time = result[selection.time_key]
-    return (time is None, 0.0 if time is None else time, -result[selection.reward_key])
+    rows = [results] if isinstance(results, dict) else list(results)
+    times = [row[selection.time_key] for row in rows]
+    return (sum(time is None for time in times), statistics.median(map(_finite, times)),
+            -statistics.mean(row[selection.reward_key] for row in rows))

@@ -209,3 +209,39 @@ def test_a_comparison_keeps_each_run_as_its_records_not_its_trainer(tmp_path, mo
     run_compare(tmp_path, task="digits8", seeds=1, quick=True, variants=("vgrpo",), learning_rates=(1e-3,),
                 overrides=tiny, iterations=1)
     assert len(trainers) == 4  # three tuning runs and one reported, each checked gone before the next started
+
+
+@pytest.mark.slow
+def test_compare_can_tune_on_several_seeds_and_select_by_all_of_them(tmp_path, capsys):
+    """``tuning_seeds=2``: every setting trained on seeds 100 and 101; the targets from all of those runs; each
+    algorithm's setting the one the key over both seeds chooses; the protocol names the seeds, the summary keeps
+    every seed's row; the first seed's runs are those a one-seed comparison makes (read back, not retrained)."""
+    from vgrpo_lib.algorithms.run_dir import RunDir
+    from vgrpo_lib.benchmarks.compare import TUNING_SEED, selection_key, target_rule
+
+    tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
+    kwargs = dict(task="digits8", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"), learning_rates=(1e-3,),
+                  overrides=tiny, iterations=3)
+    one = run_compare(tmp_path, **kwargs)
+    capsys.readouterr()
+    two = run_compare(tmp_path, tuning_seeds=2, **kwargs)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "final reward" in line]
+    assert len(lines) == 2 * (3 * 2 + 1) and sum("(read back)" in line for line in lines) >= 2 * 3
+    protocol = two["protocol"]
+    assert protocol["tuning_seeds"] == [TUNING_SEED, TUNING_SEED + 1] and "tuning_seeds" not in one["protocol"]
+    tuning = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name.endswith(("seed100", "seed101")))
+    assert len(tuning) == 2 * 3 * 2
+    curves = [RunDir(tmp_path / "runs" / name).read_rows("metrics.csv") for name in tuning]
+    assert protocol["target"] == pytest.approx(target_rule(curves)["target"])
+    for variant, settings_ in two["tuning_per_seed"].items():
+        assert all(len(rows) == 2 for rows in settings_.values())
+        assert {name: rows[0] for name, rows in settings_.items()} == two["tuning"][variant]
+        best = min(settings_, key=lambda name: selection_key(settings_[name]))
+        chosen = protocol["chosen"][variant]
+        assert best == f"{chosen['step_control']} lr {chosen['lr']:g}"
+    assert "tuning seeds 100, 101;" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(ValueError, match="--tuning-seeds must be at least 1, got 0"):
+        run_compare(tmp_path / "bad", tuning_seeds=0, **kwargs)
+    with pytest.raises(ValueError, match="--seeds must be at most 100"):
+        run_compare(tmp_path / "bad", **(kwargs | {"seeds": 101}))
+    assert not (tmp_path / "bad").exists()

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vgrpo_lib.benchmarks.compare import time_to_target
 
@@ -115,6 +117,45 @@ def test_selection_key_orders_tuning_runs_by_the_named_target():
     assert min(runs, key=lambda k: selection_key(runs[k], by="heldout")) == "c"
     with pytest.raises(ValueError, match="by='eval'.*the target that selects"):
         selection_key(never, by="eval")
+
+
+def _one_seed_key(result: dict, by: str) -> tuple:
+    """The one-tuning-seed key as the protocol first defined it (benchmarks/compare/stats.py at 2502cb9)."""
+    time = result["time_to_target_s" if by == "training" else "heldout_time_to_target_s"]
+    reward = result["final_reward" if by == "training" else "final_eval_reward"]
+    return (time is None, 0.0 if time is None else time, -reward)
+
+
+_TIMES = st.one_of(st.none(), st.floats(0.0, 100.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(_TIMES, st.floats(0.0, 1.0), _TIMES, st.floats(0.0, 1.0)), min_size=2, max_size=6),
+       by=st.sampled_from(["training", "heldout"]))
+def test_one_tuning_seed_selects_as_the_protocol_always_has(runs, by):
+    """With one run per setting the key orders settings as the one-seed key did, so every kept comparison selects
+    the same (ties aside: both keys tie on the same pairs)."""
+    from vgrpo_lib.benchmarks.compare import selection_key
+
+    rows = [{"time_to_target_s": a, "final_reward": b, "heldout_time_to_target_s": c, "final_eval_reward": d}
+            for a, b, c, d in runs]
+    for x in rows:
+        for y in rows:
+            assert (selection_key(x, by) < selection_key(y, by)) == (_one_seed_key(x, by) < _one_seed_key(y, by))
+
+
+def test_several_tuning_seeds_select_by_misses_then_median_time_then_mean_reward():
+    from vgrpo_lib.benchmarks.compare import selection_key
+
+    def runs(*times, reward=0.5):
+        return [{"time_to_target_s": t, "final_reward": reward} for t in times]
+
+    settings_ = {"lucky": runs(5.0, 6.0, None), "steady": runs(9.0, 9.0, 9.0), "fast": runs(5.0, 7.0, 8.0)}
+    assert min(settings_, key=lambda k: selection_key(settings_[k])) == "fast"
+    del settings_["fast"]
+    assert min(settings_, key=lambda k: selection_key(settings_[k])) == "steady"  # one miss loses to none
+    assert selection_key(runs(None, None, reward=0.9)) < selection_key(runs(None, None, reward=0.2))
+    assert selection_key(runs(4.0, None, 6.0)) == (1, 6.0, -0.5)  # a miss counts as infinite in the median
 
 
 def test_every_variant_builds_every_step_control_with_an_equal_budget():
