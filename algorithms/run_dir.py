@@ -67,8 +67,8 @@ from vgrpo_lib.integrations.figures import pyplot, save_figure
 __all__ = [
     "CHECKPOINT_KEYS", "COMPRESSED_SUFFIX", "CONFIG_NAME", "RESUME_MAY_CHANGE", "TABLES", "CompressedTable", "RunDir",
     "atomic_write_bytes", "atomic_write_text", "compress_file", "compressed_path", "config_differences", "made_by",
-    "float32_snapped", "new_run_id", "run_environment", "pyplot", "read_csv", "read_stored_text", "rows_to_csv", "save_figure",
-    "stored_path", "write_uncompressed_text",
+    "float32_snapped", "new_run_id", "run_environment", "pyplot", "read_csv", "read_stored_text", "rows_to_csv",
+    "save_figure", "stored_path", "write_uncompressed_text",
 ]
 
 TABLES = ("metrics.csv", "eval.csv", "eval.jsonl")

@@ -202,10 +202,14 @@ class PairCountController:
     def choose(self, noise_variance: float, signal_variance: float) -> int:
         """The K for a measurement ``noise_variance`` (at the current K) and ``signal_variance`` (see the class),
         with no smoothing; :meth:`observe` smooths first where ``smoothing`` > 0."""
+        return self._pairs_for(*self._per_pair(noise_variance, signal_variance))
+
+    def _per_pair(self, noise_variance: float, signal_variance: float) -> tuple[float, float]:
+        """A measurement at the current K as (noise of one pair, signal); a non-finite one is refused."""
         if not (math.isfinite(noise_variance) and math.isfinite(signal_variance)):
             raise ValueError(f"PairCountController: a non-finite measurement (noise {noise_variance}, signal "
                              f"{signal_variance}).")
-        return self._pairs_for(noise_variance * self.num_pairs, signal_variance)
+        return noise_variance * self.num_pairs, signal_variance
 
     def _pairs_for(self, pair_noise: float, signal_variance: float) -> int:
         """The smallest allowed K whose noise ``pair_noise / K`` is at most ``share`` of the total (see the class)."""
@@ -222,14 +226,11 @@ class PairCountController:
     def observe(self, noise_variance: float, signal_variance: float) -> int:
         """Set and return the K for the next iterations from a measurement at the current K (see :meth:`choose`),
         averaged with the earlier ones where ``smoothing`` > 0."""
-        if self.smoothing == 0:
-            self.num_pairs = self.choose(noise_variance, signal_variance)
-            return self.num_pairs
-        self.choose(noise_variance, signal_variance)  # refuses a non-finite measurement before it enters the average
-        new = (noise_variance * self.num_pairs, signal_variance)
-        b = self.smoothing
-        self.averages = new if self.averages is None else tuple(b * old + (1 - b) * x for old, x in zip(self.averages, new))
-        self.num_pairs = self._pairs_for(*self.averages)
+        measured, b = self._per_pair(noise_variance, signal_variance), self.smoothing
+        if b > 0:
+            self.averages = measured = measured if self.averages is None else tuple(
+                b * old + (1 - b) * new for old, new in zip(self.averages, measured))
+        self.num_pairs = self._pairs_for(*measured)
         return self.num_pairs
 
     def state_dict(self) -> dict:
