@@ -325,8 +325,8 @@ class VGRPOConfig(AlgorithmSection):
     )
     adaptive_pairs: str | None = setting(
         None,
-        help="Ours, beyond the paper: K chosen from the measured noise, share=S,max=K (optionally every=N, smoothing=B): every "
-             "N-th iteration (default 1) measures the Monte-Carlo noise share of the within-group surrogate variance on "
+        help="Ours, beyond the paper: K chosen from the measured noise, share=S,max=K (optionally every=N, "
+             "smoothing=B): every N-th iteration (default 1) measures the Monte-Carlo noise share of the within-group surrogate variance on "
              "the training batch from its per-pair terms and takes the smallest K in [2, max] predicted to keep it at "
              "most S, starting from vgrpo.num_pairs (costs K forwards without grad on a measured iteration with one "
              "step per rollout; free otherwise); with B > 0 it chooses from moving averages of the measurements, each "

@@ -14,8 +14,9 @@ reward, group size and iteration budget, under a protocol that favours no algori
    that are SDEs or have SDE windows score differently from the ODE at the same weights, while the evaluation
    is one sampler for all; its clock ticks once per evaluation.
 3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
-   final reward; over several tuning seeds: the fewest that missed, then the median time, then the mean reward); ``select="heldout"`` selects by the held-out target instead (else the best final held-out
-   reward), the check that a training-reward target, biased between rollout samplers, did not decide the choice.
+   final reward; over several tuning seeds: the fewest that missed, then the median time, then the mean reward);
+   ``select="heldout"`` selects by the held-out target instead (else the best final held-out reward), the check
+   that a training-reward target, biased between rollout samplers, did not decide the choice.
 4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
    smoke tests and may use fewer).
 5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the

@@ -108,7 +108,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     if tuning_seeds < 1:
         raise UsageError(f"--tuning-seeds must be at least 1, got {tuning_seeds}.")
     if seeds > TUNING_SEED:
-        raise UsageError(f"--seeds must be at most {TUNING_SEED}: the tuning seeds start at {TUNING_SEED}, got {seeds}.")
+        raise UsageError(f"--seeds must be at most {TUNING_SEED}: the tuning seeds start at {TUNING_SEED}, "
+                         f"got {seeds}.")
     if seeds < MIN_SEEDS and not quick:
         raise UsageError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     if iterations is not None and iterations < 1:
@@ -148,8 +149,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         results = {key: [summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"]) for t in setting]
                    for key, setting in runs.items()}
         chosen[variant] = min(results, key=lambda key: selection_key(results[key], by=select))
-        sweep[variant] = {f"{control} lr {lr:g}": rows[0] for (control, lr), rows in results.items()}
         sweep_per_seed[variant] = {f"{control} lr {lr:g}": rows for (control, lr), rows in results.items()}
+        sweep[variant] = {name: rows[0] for name, rows in sweep_per_seed[variant].items()}  # the first tuning seed's
     several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
                 "reported_seeds": list(range(seeds)), "budget": budget,

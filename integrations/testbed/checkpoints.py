@@ -44,11 +44,14 @@ _SUFFIX = ".safetensors"
 def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = CHECKPOINT_DIR,
                     dtype: torch.dtype = torch.float16, compressed: bool = True) -> None:
     """Write ``NAME.safetensors.gz`` (``NAME.safetensors`` when not ``compressed``; floating-point weights in
-    ``dtype``: float16 for the shipped files) and ``NAME.json`` (kind, config, card) atomically."""
+    ``dtype``: float16 for the shipped files) and ``NAME.json`` (kind, config, card) atomically; a copy of the
+    weights in the other form is removed, so that :func:`weights_path` cannot pick a stale one."""
+    _check_name(name)
     state = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v.contiguous()
              for k, v in model.state_dict().items()}
     meta = {"name": name, "kind": type(model).__name__, "config": model.config, "card": card}
-    path = Path(directory) / f"{name}{_SUFFIX}{'.gz' if compressed else ''}"
+    plain = Path(directory) / f"{name}{_SUFFIX}"
+    path, other = (_gzip_path(plain), plain) if compressed else (plain, _gzip_path(plain))
 
     def write_weights(tmp: str) -> None:
         if compressed:
@@ -57,6 +60,7 @@ def save_checkpoint(name: str, model: nn.Module, card: dict, directory: Path = C
             save_file(state, tmp)
 
     atomic_write(path, write_weights)
+    other.unlink(missing_ok=True)
 
     def write_json(tmp: str) -> None:
         with open(tmp, "w") as fh:
@@ -84,7 +88,11 @@ def weights_path(name: str, directory: Path = CHECKPOINT_DIR) -> Path:
     policy), else ``DIRECTORY/NAME.safetensors.gz`` (the shipped form)."""
     _check_name(name)
     plain = Path(directory) / f"{name}{_SUFFIX}"
-    return plain if plain.exists() else plain.with_name(plain.name + ".gz")
+    return plain if plain.exists() else _gzip_path(plain)
+
+
+def _gzip_path(path: Path) -> Path:
+    return path.with_name(path.name + ".gz")
 
 
 def read_weights(name: str, directory: Path = CHECKPOINT_DIR) -> dict[str, torch.Tensor]:

@@ -97,6 +97,15 @@ def test_save_and_load_round_trip(tmp_path):
     assert weights_path("digits8_judge", tmp_path / "plain").name == "digits8_judge.safetensors"
     plain = load_pretrained("digits8_judge", directory=tmp_path / "plain")
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
+    # Other weights saved compressed in the same folder: the plain copy goes, so the new weights are the ones read.
+    other = JudgeClassifier(image_size=8, hidden=(16,))
+    save_checkpoint("digits8_judge", other, {"note": "again"}, directory=tmp_path / "plain")
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.gz"]
+    again = load_pretrained("digits8_judge", directory=tmp_path / "plain")
+    assert torch.allclose(again(x), other.eval()(x), atol=1e-2) and not torch.allclose(again(x), model(x), atol=1e-2)
+    with pytest.raises(ValueError, match="unknown checkpoint 'nonsense'"):
+        save_checkpoint("nonsense", model, {}, directory=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_pretraining_is_seeded():
