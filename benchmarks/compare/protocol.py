@@ -47,19 +47,22 @@ _VGRPO_STEPS = {
     "one_step": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=none"),
     "two_epochs": ("optim.epochs=2", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
 }
+# The paper's preference-stage control (one step, soft-clipped advantages) in place of a plain two-minibatch setting.
+_VGRPO_CONTROLS = {**_VGRPO_STEPS,
+                   "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0")}
 FLOW_GRPO_CORE = ("flow_grpo.ref_kl_coef=none", "flow_grpo.cfg_scale=1.0")
 VARIANTS: dict[str, Variant] = {
-    # The paper's preference-stage control (one step, soft-clipped advantages) replaces a plain two-minibatch
-    # setting; two epochs use the ratio clip (0.01) the paper uses over several steps.
-    "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), {
-        **_VGRPO_STEPS, "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0"),
-    }),
+    # Two epochs use the ratio clip (0.01) the paper uses over several steps.
+    "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), dict(_VGRPO_CONTROLS)),
     # vgrpo+ (BEYOND_PAPER: K = 8, beyond the paper) over the same controls as V-GRPO's, plus a third epoch (where
     # the ratio clip starts to bind on MNIST-SD3 digit, results/iteration-budget/); its soft clip is tuned away too.
     "vgrpo+": Variant(BEYOND_PAPER["vgrpo+"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+"][1]), {
         **_VGRPO_STEPS,
         "three_epochs": ("optim.epochs=3", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
     }),
+    # vgrpo+lean (BEYOND_PAPER: K = 2, a 6-step rollout) over V-GRPO's own controls, as its levers were measured.
+    "vgrpo+lean": Variant(BEYOND_PAPER["vgrpo+lean"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+lean"][1]),
+                          dict(_VGRPO_CONTROLS)),
     # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
     "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
     # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).

@@ -44,6 +44,28 @@ def test_the_comparison_tunes_vgrpo_plus_over_three_step_controls():
     assert list(VARIANTS["vgrpo"].step_controls) == ["one_step", "two_epochs", "paper_soft_clip"]
 
 
+def test_vgrpo_plus_lean_is_vgrpo_with_two_pairs_and_a_six_step_rollout_over_vgrpos_controls():
+    """The second candidate changes the pairs and the training rollout only: its evaluation, loss and every tuned
+    control are V-GRPO's, so the comparison measures a cheaper iteration and nothing else."""
+    lean, paper = build_config("vgrpo+lean", None, "testbed", []), build_config("vgrpo", None, "testbed", [])
+    assert (lean.algo, lean.vgrpo.num_pairs, lean.rollout.num_steps) == ("vgrpo", 2, 6)
+    differing = {key for key, value in _flat(lean.to_dict()).items() if _flat(paper.to_dict())[key] != value}
+    assert differing == {"vgrpo.num_pairs", "rollout.num_steps"}
+    assert lean.eval.num_steps == paper.eval.num_steps
+    assert VARIANTS["vgrpo+lean"].step_controls == VARIANTS["vgrpo"].step_controls
+    for control in VARIANTS["vgrpo"].step_controls:
+        run, same = build("vgrpo+lean", "pair", 100, 3e-4, control, []), build("vgrpo", "pair", 100, 3e-4, control, [])
+        assert _flat(run.to_dict()) == {**_flat(same.to_dict()), "vgrpo.num_pairs": 2, "rollout.num_steps": 6}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
 def test_train_and_config_take_vgrpo_plus(tmp_path, capsys):
     out = tmp_path / "run"
     tiny = ["iterations=1", "prompts_per_iteration=2", "group_size=4", "rollout.num_steps=2", "eval.every=0",
