@@ -22,7 +22,9 @@ reward, group size and iteration budget, under a protocol that favours no algori
 5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the
    target (a seed that never reaches it counts as infinite), the same to the held-out target (``heldout_*``), and,
    against ``REFERENCE`` (V-GRPO), the ratio of medians with a bootstrap 90% interval (seeds resampled within each
-   algorithm). ``protocol.json`` records which target selected (``selection``).
+   algorithm). Where the other algorithm's misses leave under 90% of the resamples estimable, the ratio's
+   ``bound`` counts each miss at its run's end (``KEY_exceeds``, a lower bound on its time): an upper bound on the
+   ratio and on the interval's upper end. ``protocol.json`` records which target selected (``selection``).
 
 Every run records training reward, held-out evaluation, seconds, NFE and gradient steps (:mod:`vgrpo_lib.algorithms.trainer`);
 time to target is read off the training-reward curve smoothed over ``SMOOTHING`` iterations. Writes

@@ -44,11 +44,14 @@ def markdown_table(summary: dict) -> str:
 
 def ratio_cell(ratio: dict) -> str:
     """The ratio and its interval; a ratio whose interval is not estimable says so, with the share of resamples
-    in which both medians were finite (the interval needs 90%)."""
+    in which both medians were finite (the interval needs 90%), and then gives the bound where one is known: the
+    upper end of the interval with the other's misses counted at their run's end (``median_ratio_interval``)."""
     if ratio["ratio"] is None:
         return "—"
     if ratio["interval"] is None:
-        return f"{ratio['ratio']:.2f} (no interval: {ratio['estimable_share']:.0%} of resamples estimable)"
+        cell = f"{ratio['ratio']:.2f} (no interval: {ratio['estimable_share']:.0%} of resamples estimable"
+        upper = ratio.get("bound", {}).get("upper")
+        return cell + ")" if upper is None else cell + f"; upper end ≤ {upper:.2f} with misses at their run's end)"
     return f"{ratio['ratio']:.2f} [{ratio['interval'][0]:.2f}, {ratio['interval'][1]:.2f}]"
 
 

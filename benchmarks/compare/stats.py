@@ -12,7 +12,7 @@ from vgrpo_lib.algorithms.costs import ITERATION_PHASES
 from vgrpo_lib.benchmarks.compare.protocol import SELECTIONS, SMOOTHING, TARGET_FRACTION, check_selection
 
 __all__ = [
-    "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
+    "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "EXCEEDS_SUFFIX", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
     "TRAINING_RATIO_KEYS", "aggregate_seeds", "heldout_target_rule", "heldout_time_to_target", "median_ratio_interval",
     "median_ratios",
     "selection_key", "smoothed", "summarise_run", "target_rule", "time_to_target",
@@ -53,6 +53,7 @@ def heldout_target_rule(tuning_evaluations: list[list[dict]], fraction: float = 
                  "ceiling: best held-out evaluation reward of any tuning run")
 
 
+EXCEEDS_SUFFIX = "_exceeds"  # KEY_exceeds: a missed target's lower bound (the run's cost at its end)
 TO_TARGET = {"time_to_target_s": "train_seconds", "cpu_time_to_target_s": "train_cpu_s",
              "nfe_to_target": "nfe_cumulative", "steps_to_target": "grad_steps"}
 OPTIONAL_COSTS = ("train_cpu_s",)  # runs made before the trainer logged CPU time have none
@@ -79,15 +80,23 @@ def heldout_time_to_target(evaluations: list[dict], target: float) -> dict:
                      "heldout_")
 
 
+def _exceeds(costs: dict, end: dict) -> dict:
+    """``KEY_exceeds`` for each cost to a target in ``costs``: where the run never reached the target (None), its
+    cost at its end (``end``, the same keys), which the cost to the target exceeds; None where it reached it."""
+    return {key + EXCEEDS_SUFFIX: end[key] if value is None else None for key, value in costs.items()}
+
+
 def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, heldout_target: float) -> dict:
     """One run's row of the summary from its ``metrics`` (one row per iteration) and ``evaluations`` (the base one
-    first): costs to ``target`` and to ``heldout_target``, final rewards and evaluation, cost per iteration and per
+    first): costs to ``target`` and to ``heldout_target`` (and, for a target it missed, ``KEY_exceeds``: the cost
+    at its end, a lower bound on the cost to the target), final rewards and evaluation, cost per iteration and per
     phase, the ratio diagnostics and the evaluation's breakdowns (base and final)."""
     final = evaluations[-1]
     tail = [m["reward_mean"] for m in metrics[-SMOOTHING:]]
+    training, heldout = time_to_target(metrics, target), heldout_time_to_target(evaluations, heldout_target)
     out = {
-        **time_to_target(metrics, target),
-        **heldout_time_to_target(evaluations, heldout_target),
+        **training, **_exceeds(training, _costs_at(metrics[-1])),
+        **heldout, **_exceeds(heldout, _costs_at(final, "heldout_")),
         "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
         "final_accuracy": _defined(final.get("accuracy")),
@@ -121,33 +130,73 @@ def _finite(value) -> float:
     return math.inf if value is None else float(value)
 
 
-def median_ratio_interval(reference: list, other: list, *, resamples: int = BOOTSTRAP_RESAMPLES,
-                          level: float = INTERVAL, seed: int = 0) -> dict:
+def median_ratio_interval(reference: list, other: list, *, other_exceeds: list | None = None,
+                          resamples: int = BOOTSTRAP_RESAMPLES, level: float = INTERVAL, seed: int = 0) -> dict:
     """``median(reference) / median(other)`` and its bootstrap ``level`` interval (each list resampled with
     replacement on its own, ``resamples`` times, fixed RNG). None stands for a seed that never reached the
-    target (infinite); a ratio with an infinite median is reported as None (not estimable)."""
+    target (infinite); a ratio with an infinite median is reported as None (not estimable).
+
+    ``other_exceeds`` (aligned with ``other``: for each seed of ``other`` that missed, the cost it exceeds, its run's
+    cost at its end; :func:`summarise_run`'s ``KEY_exceeds``) adds ``"bound"`` where ``other`` missed: the ratio and
+    the interval's upper end with those misses counted at their bounds and ``reference``'s misses as infinite, on
+    the same resamples. A miss's cost is above its bound, so each bounded draw is at least the draw the unknown
+    costs would give: the bound's ratio and upper end are upper bounds of the ratio and of the interval's upper end,
+    finite even where half of ``other``'s seeds never reached the target."""
     rng = random.Random(seed)
     a, b = [_finite(v) for v in reference], [_finite(v) for v in other]
+    bounded = None
+    if other_exceeds is not None and any(v is None for v in other):
+        if len(other_exceeds) != len(other) or any(v is None and e is None for v, e in zip(other, other_exceeds)):
+            raise ValueError("other_exceeds needs a bound for each seed of other that never reached the target, "
+                             f"got {other_exceeds} for {other}")
+        bounded = [float(e) if v is None else float(v) for v, e in zip(other, other_exceeds)]
 
     def ratio(x, y):
         mx, my = statistics.median(x), statistics.median(y)
         return None if math.isinf(mx) or math.isinf(my) or my == 0 else mx / my
 
-    draws = [ratio(rng.choices(a, k=len(a)), rng.choices(b, k=len(b))) for _ in range(resamples)]
+    def upper(x, y):  # infinite where the reference's median is (a miss: no finite bound from above)
+        mx, my = statistics.median(x), statistics.median(y)
+        return math.inf if math.isinf(mx) or my == 0 else mx / my
+
+    draws, bound_draws = [], []
+    for _ in range(resamples):
+        # Indices drawn as random.choices draws values (one random() per pick), so the draws of earlier versions
+        # of this function, which resampled the values, are unchanged.
+        i, j = rng.choices(range(len(a)), k=len(a)), rng.choices(range(len(b)), k=len(b))
+        draws.append(ratio([a[k] for k in i], [b[k] for k in j]))
+        if bounded is not None:
+            bound_draws.append(upper([a[k] for k in i], [bounded[k] for k in j]))
     finite = sorted(d for d in draws if d is not None)
     tail = (1.0 - level) / 2
     interval = None
     if len(finite) >= 0.9 * resamples:  # at most 10% of the resamples not estimable
         interval = [finite[int(tail * (len(finite) - 1))], finite[int((1 - tail) * (len(finite) - 1))]]
-    return {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
-            "estimable_share": len(finite) / resamples}
+    out = {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
+           "estimable_share": len(finite) / resamples}
+    if bounded is not None:
+        bound_draws.sort()
+        out["bound"] = {"ratio": _defined_bound(upper(a, bounded)),
+                        "upper": _defined_bound(bound_draws[int((1 - tail) * (resamples - 1))])}
+    return out
+
+
+def _defined_bound(value: float) -> float | None:
+    """A bound, or None where it is infinite (a bound that says nothing; JSON has no infinity)."""
+    return None if math.isinf(value) else value
 
 
 def median_ratios(numerator: list[dict], denominator: list[dict]) -> dict:
     """Per cost to a target (:data:`TRAINING_RATIO_KEYS`, :data:`HELDOUT_RATIO_KEYS`): the median over the
     ``numerator`` runs' rows (:func:`summarise_run`) over the median over the ``denominator`` runs', with its
-    bootstrap interval (:func:`median_ratio_interval`)."""
-    return {key: median_ratio_interval([r[key] for r in numerator], [r[key] for r in denominator])
+    bootstrap interval (:func:`median_ratio_interval`), and its bound where the ``denominator`` runs missed a target
+    and their rows hold the cost they exceed (``KEY_exceeds``; summaries made before it have none)."""
+    def exceeds(key):  # None where a missed run's bound is unknown (CPU time of runs made before it was logged)
+        bounds = [r.get(key + EXCEEDS_SUFFIX) for r in denominator]
+        return None if any(r[key] is None and bound is None for r, bound in zip(denominator, bounds)) else bounds
+
+    return {key: median_ratio_interval([r[key] for r in numerator], [r[key] for r in denominator],
+                                       other_exceeds=exceeds(key))
             for key in TRAINING_RATIO_KEYS + HELDOUT_RATIO_KEYS}
 
 
@@ -158,6 +207,8 @@ def aggregate_seeds(per_seed: list[dict]) -> dict:
     out = {}
     for key in per_seed[0]:
         values = [run[key] for run in per_seed]
+        if key.endswith(EXCEEDS_SUFFIX):
+            continue  # a bound per missed seed, for the ratios (median_ratios), not a value to average
         if key.endswith("to_target") or key.endswith("to_target_s"):
             median = statistics.median(_finite(v) for v in values)
             out[key] = None if math.isinf(median) else median
