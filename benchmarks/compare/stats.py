@@ -155,18 +155,14 @@ def median_ratio_interval(reference: list, other: list, *, other_exceeds: list |
         mx, my = statistics.median(x), statistics.median(y)
         return None if math.isinf(mx) or math.isinf(my) or my == 0 else mx / my
 
-    def upper(x, y):  # infinite where the reference's median is (a miss: no finite bound from above)
-        mx, my = statistics.median(x), statistics.median(y)
-        return math.inf if math.isinf(mx) or my == 0 else mx / my
-
     draws, bound_draws = [], []
     for _ in range(resamples):
         # Indices drawn as random.choices draws values (one random() per pick), so the draws of earlier versions
         # of this function, which resampled the values, are unchanged.
         i, j = rng.choices(range(len(a)), k=len(a)), rng.choices(range(len(b)), k=len(b))
         draws.append(ratio([a[k] for k in i], [b[k] for k in j]))
-        if bounded is not None:
-            bound_draws.append(upper([a[k] for k in i], [bounded[k] for k in j]))
+        if bounded is not None:  # every bounded cost is finite: no ratio only where the reference's median is not
+            bound_draws.append(ratio([a[k] for k in i], [bounded[k] for k in j]))
     finite = sorted(d for d in draws if d is not None)
     tail = (1.0 - level) / 2
     interval = None
@@ -174,16 +170,10 @@ def median_ratio_interval(reference: list, other: list, *, other_exceeds: list |
         interval = [finite[int(tail * (len(finite) - 1))], finite[int((1 - tail) * (len(finite) - 1))]]
     out = {"ratio": ratio(a, b), "interval": interval, "level": level, "resamples": resamples,
            "estimable_share": len(finite) / resamples}
-    if bounded is not None:
-        bound_draws.sort()
-        out["bound"] = {"ratio": _defined_bound(upper(a, bounded)),
-                        "upper": _defined_bound(bound_draws[int((1 - tail) * (resamples - 1))])}
+    if bounded is not None:  # a draw without a ratio is an infinite one here: it bounds nothing, and sorts last
+        ordered = sorted(bound_draws, key=lambda d: math.inf if d is None else d)
+        out["bound"] = {"ratio": ratio(a, bounded), "upper": ordered[int((1 - tail) * (resamples - 1))]}
     return out
-
-
-def _defined_bound(value: float) -> float | None:
-    """A bound, or None where it is infinite (a bound that says nothing; JSON has no infinity)."""
-    return None if math.isinf(value) else value
 
 
 def median_ratios(numerator: list[dict], denominator: list[dict]) -> dict:

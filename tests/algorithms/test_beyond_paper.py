@@ -4,10 +4,12 @@ and the comparison take, kept apart from the paper's and the official presets.""
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 
 import pytest
 
 from vgrpo_lib.algorithms.cli import main as cli_main
+from vgrpo_lib.algorithms.config import valid_keys
 from vgrpo_lib.algorithms.presets import BEYOND_PAPER, PAPER, PRESETS, build_config, named_configuration
 from vgrpo_lib.benchmarks.cli import main as bench_main
 from vgrpo_lib.benchmarks.compare import VARIANTS, build, run_compare
@@ -49,21 +51,18 @@ def test_vgrpo_plus_lean_is_vgrpo_with_two_pairs_and_a_six_step_rollout_over_vgr
     control are V-GRPO's, so the comparison measures a cheaper iteration and nothing else."""
     lean, paper = build_config("vgrpo+lean", None, "testbed", []), build_config("vgrpo", None, "testbed", [])
     assert (lean.algo, lean.vgrpo.num_pairs, lean.rollout.num_steps) == ("vgrpo", 2, 6)
-    differing = {key for key, value in _flat(lean.to_dict()).items() if _flat(paper.to_dict())[key] != value}
+    differing = {key for key, value in _settings(lean).items() if _settings(paper)[key] != value}
     assert differing == {"vgrpo.num_pairs", "rollout.num_steps"}
     assert lean.eval.num_steps == paper.eval.num_steps
     assert VARIANTS["vgrpo+lean"].step_controls == VARIANTS["vgrpo"].step_controls
     for control in VARIANTS["vgrpo"].step_controls:
         run, same = build("vgrpo+lean", "pair", 100, 3e-4, control, []), build("vgrpo", "pair", 100, 3e-4, control, [])
-        assert _flat(run.to_dict()) == {**_flat(same.to_dict()), "vgrpo.num_pairs": 2, "rollout.num_steps": 6}
+        assert _settings(run) == {**_settings(same), "vgrpo.num_pairs": 2, "rollout.num_steps": 6}
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    out = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
-    return out
+def _settings(config) -> dict:
+    """Every dotted key of the config (``valid_keys``) and its value."""
+    return {key: attrgetter(key)(config) for key in valid_keys()}
 
 
 def test_train_and_config_take_vgrpo_plus(tmp_path, capsys):
