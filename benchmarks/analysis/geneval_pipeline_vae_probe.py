@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import json, time, torch
 from diffusers import StableDiffusion3Pipeline
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 from vgrpo_lib.integrations.testbed.mnist_sd3.train import encode_moments, decode
 from vgrpo_lib.integrations.testbed.geneval_digits.compositions import compose
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run it with ``argv`` (default: the command line's arguments)."""
     argv = [__name__, *(sys.argv[1:] if argv is None else argv)]
     torch.set_num_threads(1)
-    pipe = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float32)
+    pipe = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), torch_dtype=torch.float32)
     specs = [s for s in geneval_specs("eval") for _ in range(2)]
     comp = compose(specs, "eval", torch.Generator().manual_seed(0))
     means, stds = encode_moments(pipe.vae, comp.images)

@@ -13,6 +13,7 @@ import json, sys, time, torch
 from rapidocr_onnxruntime import RapidOCR
 from diffusers import StableDiffusion3Pipeline
 from diffusers.models.attention_processor import JointAttnProcessor2_0
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR, build_pipeline
 from vgrpo_lib.integrations.testbed.mnist_sd3.train import (EVAL, FLOW_RECIPE, VAE_RECIPE, latent_pools, sample_accuracy,
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = latent_pools(pipe.vae, recipe.pop("pool_seed"), recipe.pop("number_repeats"))
     set_latent_statistics(pipe.vae, torch.cat([pools[t][0].flatten() for t in ("digit", "number")]))
     train_flow(pipe, pools, log=print, **recipe)
-    shipped = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float16)
+    shipped = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), torch_dtype=torch.float16)
     for name in ("transformer", "text_encoder", "text_encoder_2", "vae"):
         mine, theirs = getattr(pipe, name).state_dict(), getattr(shipped, name).state_dict()
         diff = max((mine[k].half().float() - theirs[k].float()).abs().max().item() for k in theirs)

@@ -20,6 +20,7 @@ from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.export import export_run
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.integrations.diffusers_adapters.presets import absent_components
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
 # 1. Train V-GRPO with a LoRA adapter on the shipped pipeline: what `vgrpo train --preset mnist-sd3 --task digit`
@@ -39,9 +40,10 @@ with tempfile.TemporaryDirectory() as tmp:
     print("exported:", sorted(p.name for p in written))
     assert (export_dir / "pytorch_lora_weights.safetensors").is_file()
 
-    # 3. Load it in plain diffusers. The shipped folder was saved without T5: absent_components(path) passes
+    # 3. Load it in plain diffusers. The shipped weights are packed: unpacked_folder gives the plain folder (unpacked
+    #    once into a cache, checked on every call). The folder was saved without T5: absent_components(path) passes
     #    text_encoder_3=None / tokenizer_3=None, as diffusers requires for a component recorded as absent.
-    path = str(PIPELINE_DIR)
+    path = str(unpacked_folder(PIPELINE_DIR))
     pipe = StableDiffusion3Pipeline.from_pretrained(path, dtype=torch.float32, **absent_components(path))
 
     def generate() -> torch.Tensor:

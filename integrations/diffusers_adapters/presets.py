@@ -29,6 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.extras import require_extra
+from vgrpo_lib.integrations.packed_weights import local_pipeline_path
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .flux import FluxVelocity, encode_prompts_flux
@@ -190,14 +191,16 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
     spec = FAMILIES[family]
     pipeline_class = getattr(diffusers, spec.pipeline)
     local = resolve_local_files_only(local_files_only)
-    absent = absent_components(name_or_path)
+    folder = local_pipeline_path(name_or_path)
+    absent = absent_components(folder)
     if without_t5:
         if family != "sd3":
             raise ValueError(f"without_t5 applies to SD3 pipelines (T5 is FLUX's main text encoder); family {family!r}")
         absent.update(text_encoder_3=None, tokenizer_3=None)
-    pipe = load_weights(lambda: pipeline_class.from_pretrained(name_or_path, torch_dtype=dtype, local_files_only=local,
+    pipe = load_weights(lambda: pipeline_class.from_pretrained(folder, torch_dtype=dtype, local_files_only=local,
                                                                **absent),
                         name_or_path, f"the {family.upper()} policy")
+    pipe.register_to_config(_name_or_path=str(name_or_path))  # a packed folder, not its unpacked cache copy
     if device is not None:
         pipe.to(device)
     transformer = pipe.transformer

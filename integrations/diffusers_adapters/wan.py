@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vgrpo_lib.extras import require_extra
+from vgrpo_lib.integrations.packed_weights import local_pipeline_path
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .latents import latent_channel_statistics
@@ -320,9 +321,11 @@ def load_wan(name_or_path: str = WAN21_T2V, frames: int = 81, device: str | torc
     from diffusers import WanPipeline
 
     local = resolve_local_files_only(local_files_only)
-    pipe = load_weights(lambda: WanPipeline.from_pretrained(name_or_path, torch_dtype=dtype, local_files_only=local,
-                                                            **absent_components(name_or_path)),
+    folder = local_pipeline_path(name_or_path)
+    pipe = load_weights(lambda: WanPipeline.from_pretrained(folder, torch_dtype=dtype, local_files_only=local,
+                                                            **absent_components(folder)),
                         name_or_path, "the Wan policy")
+    pipe.register_to_config(_name_or_path=str(name_or_path))  # a packed folder, not its unpacked cache copy
     if device is not None:
         pipe.to(device)
     if pipe.transformer is None:

@@ -62,6 +62,7 @@ from vgrpo_lib.integrations.diffusers_adapters.velocity import FlowTransformerAd
 from vgrpo_lib.integrations.diffusers_adapters.wan import WAN21_T2V, load_wan
 from vgrpo_lib.integrations.figures import prompt_rows, write_labelled_grid
 from vgrpo_lib.integrations.metrics import diversity
+from vgrpo_lib.integrations.packed_weights import loading_code
 from vgrpo_lib.integrations.rewards import MultiReward, get_reward
 from vgrpo_lib.integrations.rewards.loading import MissingWeightsError
 from vgrpo_lib.integrations.rewards.remote import is_remote_spec, remote_reward
@@ -536,8 +537,10 @@ class DiffusersTask:
         )
         base_model = self.base.pipe.config._name_or_path
         absent = "".join(f", {name}=None" for name in absent_components(base_model))
-        usage = (f"from diffusers import {pipeline_class.__name__}\n\n"
-                 f"pipe = {pipeline_class.__name__}.from_pretrained({base_model!r}{absent})\n"
+        unpack_import, source = loading_code(base_model)
+        imports = "\n".join(filter(None, [f"from diffusers import {pipeline_class.__name__}", unpack_import]))
+        usage = (f"{imports}\n\n"
+                 f"pipe = {pipeline_class.__name__}.from_pretrained({source}{absent})\n"
                  f"pipe.load_lora_weights({str(directory)!r})")
         return {"base_model": base_model, "usage": usage}
 

@@ -4,7 +4,7 @@
                                              classifier,judge,digits8_classifier,digits8_judge,all} ...
     python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3
 
-Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safetensors.gz`` and
+Each name trains one model from a fixed seed and writes ``checkpoints/NAME.safetensors.planes.xz`` and
 ``checkpoints/NAME.json`` (see :mod:`vgrpo_lib.integrations.testbed.checkpoints`). Classifiers come before
 policies because a policy's model card reports the label accuracy of its samples as judged by the
 classifier and the judge. ``all`` trains everything (about 5 minutes on 2 shared CPU cores, most

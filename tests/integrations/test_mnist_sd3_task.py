@@ -22,6 +22,7 @@ from vgrpo_lib.integrations.diffusers_adapters.lora import AdapterBehaviour, Ada
 from vgrpo_lib.integrations.tasks.hub import HUB_MODELS, DiffusersTask, LoRAPolicy  # noqa: E402
 from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as grammar  # noqa: E402
+from vgrpo_lib.integrations.packed_weights import unpacked_folder  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import render  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
 from vgrpo_lib.integrations.tasks.mnist_sd3 import digit_metrics, number_judge, number_slots  # noqa: E402
@@ -184,9 +185,20 @@ def test_a_short_vgrpo_run_on_the_shipped_pipeline_raises_the_held_out_reward(tm
     assert trained["accuracy"] >= base["accuracy"]
 
 
-def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(pipeline, tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(pipeline, tmp_path, packed):
     """``vgrpo export`` of a one-iteration run: a fresh ``StableDiffusion3Pipeline`` with ``load_lora_weights(out)``
-    computes the trained policy's velocity (peft's LoRA scale alpha / r = 2 included), not the base model's."""
+    computes the trained policy's velocity (peft's LoRA scale alpha / r = 2 included), not the base model's. A
+    packed base folder (as the shipped ones are) is named as itself, loaded through ``unpacked_folder``."""
+    import shutil
+
+    from vgrpo_lib.integrations.packed_weights import pack_folder
+
+    if packed:
+        folder = tmp_path / "packed_base"
+        shutil.copytree(pipeline[0].split("=", 1)[1], folder)
+        pack_folder(folder)
+        pipeline = [f"model.path={folder}"]
     from diffusers import StableDiffusion3Pipeline
 
     from vgrpo_lib.integrations.diffusers_adapters.presets import absent_components
@@ -201,7 +213,8 @@ def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
 
     path = pipeline[0].split("=", 1)[1]
-    pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=torch.float32, **absent_components(path))
+    pipe = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(path), torch_dtype=torch.float32,
+                                                    **absent_components(path))
     pipe.load_lora_weights(out)
     loaded = SD3Velocity(pipe.transformer)
     g = torch.Generator().manual_seed(1)
@@ -215,5 +228,7 @@ def test_export_writes_a_lora_that_diffusers_loads_into_the_trained_transformer(
 
     card = (out / "README.md").read_text()
     assert f"base_model: {path}" in card and "| task | mnist-sd3/digit:" in card and "| judge_accuracy |" in card
-    assert f"pipe = StableDiffusion3Pipeline.from_pretrained({path!r}" in card
+    source = f"unpacked_folder({path!r})" if packed else repr(path)
+    assert f"pipe = StableDiffusion3Pipeline.from_pretrained({source}" in card
+    assert ("from vgrpo_lib.integrations.packed_weights import unpacked_folder" in card) == packed
     assert f"pipe.load_lora_weights({str(out)!r})" in card

@@ -24,6 +24,7 @@ from vgrpo_lib.integrations.tasks.mnist_wan import (  # noqa: E402
     mnist_wan_task, motion_label, motion_metrics,
 )
 from vgrpo_lib.integrations.tasks.wan import FrameMeanReward, WanTask  # noqa: E402
+from vgrpo_lib.integrations.packed_weights import unpacked_folder  # noqa: E402
 from vgrpo_lib.integrations.testbed.data import load_mnist  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.prompts import motion_prompts  # noqa: E402
@@ -163,12 +164,15 @@ def test_export_writes_a_lora_that_wan_pipeline_loads(tmp_path):
     Trainer(build_config("vgrpo", None, "mnist-wan", tiny), tmp_path / "run", progress=False).train()
     out = tmp_path / "lora"
     assert cli_main(["export", "--run", str(tmp_path / "run"), "--out", str(out)]) == 0
+    card = (out / "README.md").read_text()  # the base model is the shipped (packed) folder, not its unpacked copy
+    assert f"base_model: {PIPELINE_DIR}" in card
+    assert f"pipe = WanPipeline.from_pretrained(unpacked_folder({str(PIPELINE_DIR)!r})" in card
 
     def clip(pipe):
         return pipe("a 3 moving left", height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=1.0,
                     max_sequence_length=8, output_type="pt", generator=torch.Generator().manual_seed(0)).frames
 
-    pipe = WanPipeline.from_pretrained(str(PIPELINE_DIR), dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     base = clip(pipe)
     pipe.load_lora_weights(str(out))

@@ -18,7 +18,8 @@ canvas empty (``results/mnist-sd3-geneval-pipeline/``):
    GenEval categories train equally (the prompt lists are 77% colour attribution).
 
 Rebuild: ``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3_geneval`` (writes ``PIPELINE_DIR`` with its card).
-The shipped folder loads with ``StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR)``.
+The shipped folder loads with ``StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR))`` (its weights
+ship packed: :mod:`vgrpo_lib.integrations.packed_weights`).
 """
 
 from __future__ import annotations
@@ -199,14 +200,15 @@ MNIST-SD3's architecture (see `../mnist_sd3/README.md`) with GenEval's prompt vo
 ({card['tokenizer_vocabulary']} tokens, {card['clip_length']} per prompt) on a {card['canvas']}x{card['canvas']}
 canvas, trained from scratch on synthetic compositions of MNIST-5k `train` digits (tinted, scaled, placed so
 that each GenEval spec holds; layout `{card['layout']}`). Built and measured by `{REBUILD_COMMAND}` (code:
-`integrations/testbed/geneval_digits/pipeline.py`); float16, safetensors, {card['folder_bytes'] / 1e6:.1f} MB.
+`integrations/testbed/geneval_digits/pipeline.py`); float16, safetensors, {card['folder_bytes'] / 1e6:.1f} MB (shipped packed: byte planes and xz).
 
 ```python
 import torch
 from diffusers import StableDiffusion3Pipeline
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
+folder = unpacked_folder("integrations/testbed/checkpoints/mnist_sd3_geneval")  # plain, unpacked once into a cache
 # dtype= as diffusers 0.42 names it (older releases: torch_dtype=)
-pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3_geneval",
-                                                dtype=torch.float32)
+pipe = StableDiffusion3Pipeline.from_pretrained(folder, dtype=torch.float32)
 image = pipe("a red 3 and a blue 8", height={card['canvas']}, width={card['canvas']}, num_inference_steps=20,
              guidance_scale=4.0).images[0]
 ```

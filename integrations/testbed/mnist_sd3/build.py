@@ -2,7 +2,8 @@
 
 ``build_pipeline(seed)`` returns an untrained ``StableDiffusion3Pipeline`` with the final
 configs; ``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3`` trains it and writes it to
-``PIPELINE_DIR`` with ``save_pretrained`` (load it with ``StableDiffusion3Pipeline.from_pretrained``).
+``PIPELINE_DIR`` with ``save_pretrained``, its weights packed (load it with
+``StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR))``, :mod:`vgrpo_lib.integrations.packed_weights`).
 
 * Tokenizers: two ``CLIPTokenizer`` built in code from ``prompts.VOCABULARY``: every vocabulary word
   is one token (a chain of BPE merges spells it), any other lower-case text falls back to single
@@ -12,7 +13,7 @@ configs; ``python -m vgrpo_lib.integrations.testbed.pretrain mnist_sd3`` trains 
   conditioning is SD3's T5-free mode: ``max_sequence_length`` zero tokens after the CLIP tokens (see
   ``T5_TOKENS``). Training and the hub path run without T5 (``text_encoder_3=None``); the saved folder
   holds a null T5 (``null_t5``: a ``T5EncoderModel`` whose every weight is zero, so its output is exactly
-  the zero tokens), so that a plain ``StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR)`` loads and
+  the zero tokens), so that a plain ``StableDiffusion3Pipeline.from_pretrained`` of the unpacked folder loads and
   conditions exactly as the T5-free pipeline does.
 * VAE: ``AutoencoderKL``, 3 blocks of 16/32/64 channels (4x downsampling), 4 latent channels, no
   attention (fully convolutional), 0.65M parameters.

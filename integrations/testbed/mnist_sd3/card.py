@@ -50,18 +50,19 @@ def model_card(card: dict) -> str:
     return f"""# MNIST-SD3: a `StableDiffusion3Pipeline` trained on MNIST on two CPU cores
 
 Every component is the real diffusers / transformers class in a small config, stored in float16 with
-`save_pretrained` (safetensors, {card['folder_bytes'] / 1e6:.1f} MB in all). Built and measured by
+`save_pretrained` (safetensors, {card['folder_bytes'] / 1e6:.1f} MB in all, shipped packed: byte planes and xz). Built and measured by
 `{REBUILD_COMMAND}` (code: `integrations/testbed/mnist_sd3/`).
 
 ```python
 import torch
 from diffusers import StableDiffusion3Pipeline
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
+folder = unpacked_folder("integrations/testbed/checkpoints/mnist_sd3")  # the plain folder, unpacked once into a cache
 # dtype= as diffusers 0.42 names it (older releases: torch_dtype=)
-pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3", dtype=torch.float32)
+pipe = StableDiffusion3Pipeline.from_pretrained(folder, dtype=torch.float32)
 image = pipe("the number 42", height=32, width=96, num_inference_steps=20, guidance_scale=4.0).images[0]
 # the same conditioning, cheaper: no T5 and no zero tokens (what the `mnist-sd3` preset does)
-pipe = StableDiffusion3Pipeline.from_pretrained("integrations/testbed/checkpoints/mnist_sd3", text_encoder_3=None,
-                                                tokenizer_3=None, dtype=torch.float32)
+pipe = StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None, dtype=torch.float32)
 image = pipe("the number 42", height=32, width=96, num_inference_steps=20, guidance_scale=4.0,
              max_sequence_length={card['t5_tokens']}).images[0]
 ```

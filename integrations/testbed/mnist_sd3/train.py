@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
 from vgrpo_lib.extras import needs_extra
+from vgrpo_lib.integrations.packed_weights import pack_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
 
 from .build import PIPELINE_DIR, T5_TOKENS, build_pipeline, null_t5
@@ -394,7 +395,8 @@ def measure(pipe, classifier, engine) -> dict:
 
 def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_card) -> None:
     """Write ``pipe`` (T5-free) in float16 with ``save_pretrained`` (safetensors), with ``null_t5`` as its third
-    text encoder so that a plain ``from_pretrained(folder)`` loads, plus ``card.json`` and the model card
+    text encoder so that a plain ``from_pretrained(unpacked_folder(folder))`` loads, its weights packed
+    (:func:`~vgrpo_lib.integrations.packed_weights.pack_folder`), plus ``card.json`` and the model card
     ``readme(card)`` as ``README.md``, into ``folder``, replacing it as a whole (written next to it, then renamed)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
@@ -403,6 +405,7 @@ def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_ca
     pipe.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
     pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
     pipe.to(torch.float32)
+    pack_folder(tmp)  # the weights packed (byte planes, xz): loaders unpack them once into a cache
     pipe.register_modules(text_encoder_3=None, tokenizer_3=None)
     card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")

@@ -50,13 +50,15 @@ def model_card(card: dict) -> str:
     return f"""# MNIST-Wan: a `WanPipeline` trained on moving MNIST digits on one CPU core
 
 Every component is the real diffusers / transformers class in a small config, stored in float16 with
-`save_pretrained` (safetensors, {card['folder_bytes'] / 1e6:.1f} MB in all). Built and measured by
+`save_pretrained` (safetensors, {card['folder_bytes'] / 1e6:.1f} MB in all, shipped packed: byte planes and xz). Built and measured by
 `{REBUILD_COMMAND}` (resumable; code: `integrations/testbed/mnist_wan/`).
 
 ```python
 import torch
 from diffusers import WanPipeline
-pipe = WanPipeline.from_pretrained("integrations/testbed/checkpoints/mnist_wan", dtype=torch.float32)
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
+folder = unpacked_folder("integrations/testbed/checkpoints/mnist_wan")  # the plain folder, unpacked once into a cache
+pipe = WanPipeline.from_pretrained(folder, dtype=torch.float32)
 clip = pipe("a 3 moving left", height=32, width=32, num_frames={clip['frames']}, num_inference_steps=20,
             guidance_scale=4.0, max_sequence_length={card['text_length']}, output_type="pt").frames  # (1, F, 3, H, W)
 ```

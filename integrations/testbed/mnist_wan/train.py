@@ -40,6 +40,7 @@ import torch
 from vgrpo_lib.errors import UsageError
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+from vgrpo_lib.integrations.packed_weights import pack_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
 from vgrpo_lib.integrations.testbed.mnist_sd3.train import encode_moments, optimizer_step, reconstruction_loss
 
@@ -366,13 +367,15 @@ def measure(pipe) -> dict:
 
 
 def save_pipeline(pipe, card: dict, folder: Path) -> None:
-    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors) plus ``card.json`` and the model card
+    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors, then packed:
+    :func:`~vgrpo_lib.integrations.packed_weights.pack_folder`) plus ``card.json`` and the model card
     ``README.md`` into ``folder``, replacing it as a whole (written next to it, then renamed)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
     pipe.to(torch.float32)
+    pack_folder(tmp)  # the weights packed (byte planes, xz): loaders unpack them once into a cache
     card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (tmp / "README.md").write_text(model_card(card))

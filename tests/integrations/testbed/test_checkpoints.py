@@ -1,6 +1,6 @@
 """Shipped checkpoints: present, small, half precision on disk, float32 when loaded, accurate."""
 
-import gzip
+import lzma
 import shutil
 
 import pytest
@@ -72,12 +72,16 @@ def test_bad_names_and_broken_files_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="pretrain judge"):
         load_pretrained("judge", directory=tmp_path)
     shutil.copy(CHECKPOINT_DIR / "judge.json", tmp_path / "judge.json")
-    with pytest.raises(FileNotFoundError, match="judge.safetensors.gz"):
+    with pytest.raises(FileNotFoundError, match=r"judge\.safetensors\.planes\.xz"):
         load_pretrained("judge", directory=tmp_path)
     stored = weights_path("judge").read_bytes()
-    for broken in (stored[:1000], gzip.compress(gzip.decompress(stored)[:1000])):  # a cut archive, a cut file in it
+    inner = lzma.decompress(stored)
+    flipped = bytearray(stored)
+    flipped[len(stored) // 2] ^= 0xFF
+    # a cut archive, a flipped byte (xz's check), a cut file in a whole archive, an xz file of something else
+    for broken in (stored[:1000], bytes(flipped), lzma.compress(inner[:1000]), lzma.compress(b"not weights")):
         weights_path("judge", tmp_path).write_bytes(broken)
-        with pytest.raises(RuntimeError, match=r"cannot read checkpoint weights .*judge\.safetensors\.gz"):
+        with pytest.raises(RuntimeError, match=r"cannot read checkpoint weights .*judge\.safetensors\.planes\.xz"):
             load_pretrained("judge", directory=tmp_path)
 
 
@@ -88,7 +92,7 @@ def test_save_and_load_round_trip(tmp_path):
     assert read_card("digits8_judge", directory=tmp_path)["card"] == {"note": "round trip"}
     x = torch.rand(5, 1, 8, 8)
     assert torch.allclose(loaded(x), model.eval()(x), atol=1e-2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.planes.xz"]
     assert FROZEN_NAMES and not any(p.requires_grad for p in loaded.parameters())
     # Uncompressed (what `vgrpo export` writes): a plain safetensors file, loaded the same way.
     save_checkpoint("digits8_judge", model, {"note": "plain"}, directory=tmp_path / "plain", dtype=torch.float32,
@@ -100,7 +104,7 @@ def test_save_and_load_round_trip(tmp_path):
     # Other weights saved compressed in the same folder: the plain copy goes, so the new weights are the ones read.
     other = JudgeClassifier(image_size=8, hidden=(16,))
     save_checkpoint("digits8_judge", other, {"note": "again"}, directory=tmp_path / "plain")
-    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.gz"]
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["digits8_judge.json", "digits8_judge.safetensors.planes.xz"]
     again = load_pretrained("digits8_judge", directory=tmp_path / "plain")
     assert torch.allclose(again(x), other.eval()(x), atol=1e-2) and not torch.allclose(again(x), model(x), atol=1e-2)
     with pytest.raises(ValueError, match="unknown checkpoint 'nonsense'"):

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
+from vgrpo_lib.integrations.packed_weights import unpacked_folder  # noqa: E402
 from vgrpo_lib.integrations.testbed.geneval_digits import pipeline as G  # noqa: E402
 from vgrpo_lib.integrations.testbed.geneval_digits.prompts import geneval_specs  # noqa: E402
 
@@ -21,14 +22,14 @@ def shipped():
     from diffusers import StableDiffusion3Pipeline
 
     # SD3 without T5 (what the preset loads)
-    return StableDiffusion3Pipeline.from_pretrained(G.PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None,
+    return StableDiffusion3Pipeline.from_pretrained(unpacked_folder(G.PIPELINE_DIR), text_encoder_3=None, tokenizer_3=None,
                                                     torch_dtype=torch.float32)
 
 
 def test_a_plain_from_pretrained_loads_the_folder_and_draws_a_64x64_canvas():
     from diffusers import StableDiffusion3Pipeline
 
-    plain = StableDiffusion3Pipeline.from_pretrained(G.PIPELINE_DIR, torch_dtype=torch.float32)
+    plain = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(G.PIPELINE_DIR), torch_dtype=torch.float32)
     assert type(plain.transformer).__name__ == "SD3Transformer2DModel"
     image = plain("a red 3 and a blue 8", height=64, width=64, num_inference_steps=2, guidance_scale=4.0,
                   generator=torch.Generator().manual_seed(0)).images[0]

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
 from vgrpo_lib.integrations.testbed.mnist_sd3 import prompts as P
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, build_pipeline, clip_tokenizer
@@ -186,8 +187,8 @@ def test_build_is_deterministic_in_the_seed():
 
 @pytest.mark.parametrize("readme", ["default", "custom"])
 def test_save_pipeline_writes_a_folder_that_a_plain_from_pretrained_loads(tmp_path, readme):
-    """What ``pretrain`` writes (both shipped pipelines): float16 safetensors a plain ``from_pretrained`` loads
-    (the null T5 as third encoder), ``card.json`` = the card plus the folder's size, ``README.md`` = the card
+    """What ``pretrain`` writes (both shipped pipelines): float16 safetensors, packed, that a plain ``from_pretrained``
+    of the unpacked folder loads (the null T5 as third encoder), ``card.json`` = the card plus the folder's size, ``README.md`` = the card
     writer's text (MNIST-SD3's model card by default; MNIST-SD3-GenEval passes its own), an old folder replaced."""
     import json
 
@@ -214,7 +215,8 @@ def test_save_pipeline_writes_a_folder_that_a_plain_from_pretrained_loads(tmp_pa
     assert written == {**card, "folder_bytes": written["folder_bytes"]} and written["folder_bytes"] > 1e5
     assert (folder / "README.md").read_text() == expected(written)
     assert not (folder / "stale.txt").exists() and not folder.with_name("pipe.tmp").exists()
-    loaded = StableDiffusion3Pipeline.from_pretrained(folder)
+    assert list(folder.rglob("*.safetensors.planes.xz")) and not list(folder.rglob("*.safetensors"))  # packed
+    loaded = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(folder))
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         for key, value in getattr(pipe, name).state_dict().items():
             assert torch.equal(getattr(loaded, name).state_dict()[key], value.half()), (name, key)
@@ -260,7 +262,7 @@ def shipped():
     from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
     # SD3 without T5 (what the preset loads): no zero tokens at max_sequence_length=0
-    return StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, text_encoder_3=None, tokenizer_3=None,
+    return StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), text_encoder_3=None, tokenizer_3=None,
                                                     torch_dtype=torch.float32)
 
 
@@ -280,7 +282,7 @@ def test_a_plain_from_pretrained_loads_and_conditions_exactly_as_the_t5_free_pip
 
     from vgrpo_lib.integrations.testbed.mnist_sd3.build import PIPELINE_DIR
 
-    plain = StableDiffusion3Pipeline.from_pretrained(PIPELINE_DIR, torch_dtype=torch.float32)
+    plain = StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), torch_dtype=torch.float32)
     assert type(plain.text_encoder_3).__name__ == "T5EncoderModel"
     assert all(p.dtype == torch.float32 for p in plain.text_encoder_3.parameters())
     prompts = ["the number 407", "a handwritten seven"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
 from vgrpo_lib.integrations.testbed.mnist_wan import prompts as P
 from vgrpo_lib.integrations.testbed.mnist_wan.render import (
@@ -286,7 +287,7 @@ def test_the_shipped_pipeline_is_what_the_rebuild_command_makes_and_leaves_headr
     free, guided = card["metrics"]["cfg1"], card["metrics"]["cfg4"]
     assert 0.15 <= free["judge_both_accuracy"] <= 0.75
     assert guided["judge_both_accuracy"] >= free["judge_both_accuracy"] + 0.1
-    pipe = WanPipeline.from_pretrained(str(PIPELINE_DIR), dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(unpacked_folder(PIPELINE_DIR), dtype=torch.float32)
     assert type(pipe.transformer).__name__ == "WanTransformer3DModel" and type(pipe.vae).__name__ == "AutoencoderKLWan"
     assert all(p.dtype == torch.float32 for p in pipe.transformer.parameters())
 
