@@ -120,19 +120,21 @@ def _sha256(data: bytes) -> str:
 
 
 def pack_folder(folder: str | os.PathLike) -> dict[str, dict]:
-    """Pack every ``*.safetensors`` under ``folder`` in place (each written atomically, then the plain one removed)
-    and write the manifest ``packed.json`` (``{relative path of the plain file: {"sha256", "bytes"}}``), kept
-    from an earlier packing for files already packed. Returns the manifest."""
+    """Pack every ``*.safetensors`` under ``folder`` in place and write the manifest ``packed.json`` (``{relative
+    path of the plain file: {"sha256", "bytes"}}``, kept from an earlier packing for files already packed); the plain
+    files are removed only once the packed files and the manifest are written (atomically), so packing cut short
+    leaves a folder that packing again completes. Returns the manifest."""
     folder = Path(folder)
     manifest_path = folder / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    for plain_path in sorted(folder.rglob("*.safetensors")):
+    manifest = _read_manifest(folder)[0] if manifest_path.exists() else {}
+    plain_paths = sorted(folder.rglob("*.safetensors"))
+    for plain_path in plain_paths:
         plain = plain_path.read_bytes()
-        relative = plain_path.relative_to(folder).as_posix()
         atomic_write_bytes(plain_path.with_name(plain_path.name + PACKED_SUFFIX), pack(plain, str(plain_path)))
-        manifest[relative] = {"sha256": _sha256(plain), "bytes": len(plain)}
-        plain_path.unlink()
+        manifest[plain_path.relative_to(folder).as_posix()] = {"sha256": _sha256(plain), "bytes": len(plain)}
     atomic_write_text(manifest_path, json.dumps(dict(sorted(manifest.items())), indent=2) + "\n")
+    for plain_path in plain_paths:
+        plain_path.unlink()
     return manifest
 
 

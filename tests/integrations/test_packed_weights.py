@@ -130,6 +130,19 @@ def test_a_packed_folder_unpacks_once_to_the_same_files(tmp_path):
     assert pack_folder(source) == manifest  # packing again keeps the manifest of the files already packed
 
 
+def test_packing_cut_short_is_completed_by_packing_again(tmp_path):
+    """Killed after writing one packed file, before the manifest: the plain files are all still there, and packing
+    again gives the whole manifest."""
+    source = tmp_path / "pipe"
+    files = _pipeline_like(source)
+    vae = source / "vae/diffusion_pytorch_model.safetensors"
+    vae.with_name(vae.name + PACKED_SUFFIX).write_bytes(pack(vae.read_bytes()))
+    manifest = pack_folder(source)
+    assert sorted(manifest) == sorted(name for name in files if name.endswith(".safetensors"))
+    target = unpacked_folder(source, tmp_path / "cache")
+    assert {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()} == files
+
+
 def test_a_damaged_cache_is_made_again(tmp_path):
     source, cache = tmp_path / "pipe", tmp_path / "cache"
     files = _pipeline_like(source)
