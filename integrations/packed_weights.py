@@ -38,7 +38,7 @@ import numpy as np
 from vgrpo_lib.integrations.atomic import atomic_write_bytes, atomic_write_text
 
 __all__ = ["PACKED_SUFFIX", "MANIFEST", "MAGIC", "pack", "unpack", "read_packed", "pack_folder", "unpacked_folder",
-           "cache_root", "local_pipeline_path", "loading_code"]
+           "cache_root", "local_pipeline_path", "loading_code", "main"]
 
 PACKED_SUFFIX = ".planes.xz"
 MANIFEST = "packed.json"
@@ -247,6 +247,7 @@ def loading_code(name_or_path: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line: ``pack FOLDER``, ``unpack FOLDER`` (prints the unpacked folder), ``unpack FILE OUT``."""
     parser = argparse.ArgumentParser(prog="python -m vgrpo_lib.integrations.packed_weights", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("pack", help="pack a folder's *.safetensors in place").add_argument("folder", type=Path)
