@@ -15,7 +15,8 @@ A shipped diffusers pipeline folder keeps its configs, tokenizers and model card
 :func:`unpacked_folder` writes the unpacked pipeline once into a cache folder (``$VGRPO_CACHE``, else
 ``$XDG_CACHE_HOME/vgrpo_lib``, else ``~/.cache/vgrpo_lib``), checks every file against the manifest (on every call:
 a cache edited or cut short is re-made), and returns it; a folder without a manifest comes back as it is. The
-library's loaders call it (``StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR))`` by hand).
+library's loaders call it and record the packed folder as the pipeline's ``_name_or_path``, so that an export's model
+card names the shipped folder (``StableDiffusion3Pipeline.from_pretrained(unpacked_folder(PIPELINE_DIR))`` by hand).
 
 Command line: ``python -m vgrpo_lib.integrations.packed_weights pack FOLDER`` packs a pipeline folder in place;
 ``... unpack FOLDER`` prints its unpacked cache folder; ``... unpack FILE.planes.xz OUT.safetensors`` unpacks a file.
@@ -38,7 +39,7 @@ import numpy as np
 from vgrpo_lib.integrations.atomic import atomic_write_bytes, atomic_write_text
 
 __all__ = ["PACKED_SUFFIX", "MANIFEST", "MAGIC", "pack", "unpack", "read_packed", "pack_folder", "unpacked_folder",
-           "cache_root", "local_pipeline_path", "loading_code", "main"]
+           "cache_root", "loading_code", "main"]
 
 PACKED_SUFFIX = ".planes.xz"
 MANIFEST = "packed.json"
@@ -231,19 +232,12 @@ def unpacked_folder(folder: str | os.PathLike, cache: str | os.PathLike | None =
     return target
 
 
-def local_pipeline_path(name_or_path: str) -> str:
-    """A loader's ``name_or_path`` with a packed local folder replaced by its unpacked copy (a hub name, or a
-    folder without ``packed.json``, as it is). The loaders then record the packed folder as the pipeline's
-    ``_name_or_path``, so that what names the base model (an export's model card) names the shipped folder."""
-    return str(unpacked_folder(name_or_path)) if (Path(name_or_path) / MANIFEST).is_file() else name_or_path
-
-
-def loading_code(name_or_path: str) -> tuple[str, str]:
-    """How user code names pipeline ``name_or_path`` for ``from_pretrained``: ``(import line, expression)``; a packed
-    folder goes through :func:`unpacked_folder` (the import line is then needed), anything else is its ``repr``."""
+def loading_code(name_or_path: str) -> tuple[list[str], str]:
+    """How user code names pipeline ``name_or_path`` for ``from_pretrained``: ``(import lines, expression)``; a packed
+    folder goes through :func:`unpacked_folder`, anything else is its ``repr`` with no import."""
     if (Path(name_or_path) / MANIFEST).is_file():
-        return f"from {__name__} import unpacked_folder", f"unpacked_folder({str(name_or_path)!r})"
-    return "", repr(name_or_path)
+        return [f"from {__name__} import unpacked_folder"], f"unpacked_folder({str(name_or_path)!r})"
+    return [], repr(name_or_path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from vgrpo_lib.extras import require_extra
-from vgrpo_lib.integrations.packed_weights import local_pipeline_path
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .flux import FluxVelocity, encode_prompts_flux
@@ -191,7 +191,7 @@ def load_policy(name_or_path: str, family: str, device: str | torch.device | Non
     spec = FAMILIES[family]
     pipeline_class = getattr(diffusers, spec.pipeline)
     local = resolve_local_files_only(local_files_only)
-    folder = local_pipeline_path(name_or_path)
+    folder = str(unpacked_folder(name_or_path))  # a hub name, or a plain folder, as it is
     absent = absent_components(folder)
     if without_t5:
         if family != "sd3":

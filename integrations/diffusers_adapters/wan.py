@@ -39,7 +39,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from vgrpo_lib.extras import require_extra
-from vgrpo_lib.integrations.packed_weights import local_pipeline_path
+from vgrpo_lib.integrations.packed_weights import unpacked_folder
 from vgrpo_lib.integrations.rewards.loading import load_weights, resolve_local_files_only
 
 from .latents import latent_channel_statistics
@@ -321,7 +321,7 @@ def load_wan(name_or_path: str = WAN21_T2V, frames: int = 81, device: str | torc
     from diffusers import WanPipeline
 
     local = resolve_local_files_only(local_files_only)
-    folder = local_pipeline_path(name_or_path)
+    folder = str(unpacked_folder(name_or_path))  # a hub name, or a plain folder, as it is
     pipe = load_weights(lambda: WanPipeline.from_pretrained(folder, torch_dtype=dtype, local_files_only=local,
                                                             **absent_components(folder)),
                         name_or_path, "the Wan policy")

@@ -73,7 +73,8 @@ from vgrpo_lib.samplers import sample_ode
 from vgrpo_lib.errors import UsageError
 
 __all__ = ["HUB_MODELS", "DiffusersTask", "HubModel", "ImportedMultiReward", "ImportedReward", "LoRAPolicy",
-           "TotalReward", "hub_task", "imported_reward", "make_reward", "read_prompts", "weights_location"]
+           "TotalReward", "base_pipeline_code", "hub_task", "imported_reward", "make_reward", "read_prompts",
+           "weights_location"]
 
 
 def _is_trained_lora(key: str) -> bool:
@@ -536,13 +537,17 @@ class DiffusersTask:
             transformer_lora_adapter_metadata=transformer.peft_config[TRAINED_ADAPTER].to_dict(),
         )
         base_model = self.base.pipe.config._name_or_path
-        absent = "".join(f", {name}=None" for name in absent_components(base_model))
-        unpack_import, source = loading_code(base_model)
-        imports = "\n".join(filter(None, [f"from diffusers import {pipeline_class.__name__}", unpack_import]))
-        usage = (f"{imports}\n\n"
-                 f"pipe = {pipeline_class.__name__}.from_pretrained({source}{absent})\n"
-                 f"pipe.load_lora_weights({str(directory)!r})")
-        return {"base_model": base_model, "usage": usage}
+        usage = [*base_pipeline_code(pipeline_class.__name__, base_model), f"pipe.load_lora_weights({str(directory)!r})"]
+        return {"base_model": base_model, "usage": "\n".join(usage)}
+
+
+def base_pipeline_code(pipeline_class: str, base_model: str) -> list[str]:
+    """The lines of an export's usage code that load its base pipeline: the imports, a blank line, and
+    ``pipe = PipelineClass.from_pretrained(...)`` with the components the folder records as absent (a shipped,
+    packed folder through ``unpacked_folder``)."""
+    imports, source = loading_code(base_model)
+    absent = "".join(f", {name}=None" for name in absent_components(base_model))
+    return [f"from diffusers import {pipeline_class}", *imports, "", f"pipe = {pipeline_class}.from_pretrained({source}{absent})"]
 
 
 # -- the hub tasks the trainer knows by name -------------------------------------------------------------

@@ -31,10 +31,8 @@ from torch import nn
 
 from vgrpo_lib.extras import needs_extra
 from vgrpo_lib.integrations.diffusers_adapters.lora import TRAINED_ADAPTER
-from vgrpo_lib.integrations.diffusers_adapters.presets import absent_components
 from vgrpo_lib.integrations.diffusers_adapters.wan import WanExperts, WanPolicy
-from vgrpo_lib.integrations.packed_weights import loading_code
-from vgrpo_lib.integrations.tasks.hub import DiffusersTask, LoRAPolicy, make_reward
+from vgrpo_lib.integrations.tasks.hub import DiffusersTask, LoRAPolicy, base_pipeline_code, make_reward
 
 __all__ = ["EXPERT_LORA_FILES", "FrameMeanMultiReward", "FrameMeanReward", "WanTask", "frame_mean_reward",
            "frame_strips", "frames_as_images"]
@@ -149,10 +147,7 @@ class WanTask(DiffusersTask):
         transformer = policy.transformer
         experts = transformer.experts if isinstance(transformer, WanExperts) else (transformer,)
         base_model = self.base.pipe.config._name_or_path
-        absent = "".join(f", {name}=None" for name in absent_components(base_model))
-        unpack_import, source = loading_code(base_model)
-        lines = ["from diffusers import WanPipeline", *filter(None, [unpack_import]), "",
-                 f"pipe = WanPipeline.from_pretrained({source}{absent})"]
+        lines = base_pipeline_code("WanPipeline", base_model)
         for index, (expert, weight_name) in enumerate(zip(experts, EXPERT_LORA_FILES)):
             WanPipeline.save_lora_weights(
                 directory,

@@ -14,13 +14,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from vgrpo_lib.integrations.packed_weights import (
     MANIFEST,
     PACKED_SUFFIX,
     cache_root,
-    local_pipeline_path,
+    loading_code,
     main,
     pack,
     pack_folder,
@@ -66,7 +67,7 @@ def test_the_planes_put_each_byte_position_together():
 
 def test_a_plain_xz_of_a_packed_file_is_not_loadable_as_safetensors():
     plain = save({"w": torch.arange(6, dtype=torch.float32)})
-    with pytest.raises(Exception):
+    with pytest.raises(SafetensorError):
         load(lzma.decompress(pack(plain)))
 
 
@@ -198,8 +199,19 @@ def test_processes_unpacking_at_once_each_get_the_whole_folder(tmp_path):
 def test_a_folder_without_manifest_and_a_hub_name_pass_through(tmp_path):
     (tmp_path / "model_index.json").write_text("{}")
     assert unpacked_folder(tmp_path) == tmp_path
-    assert local_pipeline_path("stabilityai/stable-diffusion-3.5-medium") == "stabilityai/stable-diffusion-3.5-medium"
-    assert local_pipeline_path(str(tmp_path)) == str(tmp_path)
+    hub = "stabilityai/stable-diffusion-3.5-medium"
+    assert str(unpacked_folder(hub)) == hub  # what the loaders pass on to from_pretrained
+    assert loading_code(hub) == ([], repr(hub)) and loading_code(str(tmp_path)) == ([], repr(str(tmp_path)))
+
+
+def test_loading_code_of_a_packed_folder_unpacks_it(tmp_path):
+    source = tmp_path / "pipe"
+    _pipeline_like(source)
+    pack_folder(source)
+    imports, expression = loading_code(str(source))
+    namespace = {}
+    exec("\n".join([*imports, f"folder = {expression}"]), namespace)  # noqa: S102
+    assert namespace["folder"] == unpacked_folder(source) and (namespace["folder"] / "model_index.json").is_file()
 
 
 def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):

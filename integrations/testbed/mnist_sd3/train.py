@@ -49,7 +49,7 @@ __all__ = [
     "PIPELINE_DEFAULT_T5_TOKENS", "VAE_RECIPE", "FLOW_RECIPE", "optimizer_step", "vae_batches", "reconstruction_loss",
     "train_vae", "encode_moments", "set_latent_statistics", "decode", "round_trip_accuracy",
     "MultiplicityAttnProcessor", "encode_text", "latent_pools", "flow_batch", "flow_stage", "train_flow",
-    "rectified_flow", "ocr_read", "sample_accuracy", "EVAL", "ocr_ceiling", "measure", "save_pipeline",
+    "rectified_flow", "ocr_read", "sample_accuracy", "EVAL", "ocr_ceiling", "measure", "write_pipeline", "save_pipeline",
     "pretrain_mnist_sd3",
 ]
 
@@ -393,25 +393,34 @@ def measure(pipe, classifier, engine) -> dict:
     return out
 
 
-def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_card) -> None:
-    """Write ``pipe`` (T5-free) in float16 with ``save_pretrained`` (safetensors), with ``null_t5`` as its third
-    text encoder so that a plain ``from_pretrained(unpacked_folder(folder))`` loads, its weights packed
-    (:func:`~vgrpo_lib.integrations.packed_weights.pack_folder`), plus ``card.json`` and the model card
-    ``readme(card)`` as ``README.md``, into ``folder``, replacing it as a whole (written next to it, then renamed)."""
+def write_pipeline(pipe, card: dict, folder: Path, readme) -> None:
+    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors), its weights then packed
+    (:func:`~vgrpo_lib.integrations.packed_weights.pack_folder`: ``from_pretrained(unpacked_folder(folder))`` loads
+    it), plus ``card.json`` (the card and ``folder_bytes``, the plain folder's size before packing) and the model card
+    ``readme(card)`` as ``README.md``, into ``folder``, replacing it as a whole (written next to it, then renamed).
+    The shipped MNIST-SD3, MNIST-SD3-GenEval and MNIST-Wan folders are written by it."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    encoder, tokenizer = null_t5()
-    pipe.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
     pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
     pipe.to(torch.float32)
-    pack_folder(tmp)  # the weights packed (byte planes, xz): loaders unpack them once into a cache
-    pipe.register_modules(text_encoder_3=None, tokenizer_3=None)
     card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
+    pack_folder(tmp)
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (tmp / "README.md").write_text(readme(card))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+
+
+def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_card) -> None:
+    """:func:`write_pipeline` of the T5-free ``pipe`` with ``null_t5`` as its third text encoder, so that a plain
+    ``from_pretrained`` of the unpacked folder loads; ``pipe`` is T5-free again afterwards."""
+    encoder, tokenizer = null_t5()
+    pipe.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
+    try:
+        write_pipeline(pipe, card, folder, readme)
+    finally:
+        pipe.register_modules(text_encoder_3=None, tokenizer_3=None)
 
 
 def pretrain_mnist_sd3(log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dict = FLOW_RECIPE) -> dict:

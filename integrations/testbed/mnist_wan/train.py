@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -40,9 +39,9 @@ import torch
 from vgrpo_lib.errors import UsageError
 from vgrpo_lib.integrations.atomic import atomic_write
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
-from vgrpo_lib.integrations.packed_weights import pack_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
-from vgrpo_lib.integrations.testbed.mnist_sd3.train import encode_moments, optimizer_step, reconstruction_loss
+from vgrpo_lib.integrations.testbed.mnist_sd3.train import (encode_moments, optimizer_step, reconstruction_loss,
+                                                           write_pipeline)
 
 from .build import FLOW_SHIFT, TEXT_LENGTH, build_pipeline, build_scheduler
 from .card import describe, model_card
@@ -53,7 +52,7 @@ from .rewards import MotionJudge, MotionReward, read_clips
 __all__ = [
     "NUM_THREADS", "VAE_RECIPE", "FLOW_RECIPE", "PROGRESS", "EVAL", "vae_batch", "decode_unclamped", "vae_loss",
     "set_latent_statistics", "latent_pool", "flow_batch", "encode_text", "flow_loss",
-    "generate", "sample_metrics", "vae_round_trip", "train", "measure", "save_pipeline", "finish", "pretrain_mnist_wan",
+    "generate", "sample_metrics", "vae_round_trip", "train", "measure", "finish", "pretrain_mnist_wan",
     "main",
 ]
 
@@ -366,23 +365,6 @@ def measure(pipe) -> dict:
     return out
 
 
-def save_pipeline(pipe, card: dict, folder: Path) -> None:
-    """Write ``pipe`` in float16 with ``save_pretrained`` (safetensors, then packed:
-    :func:`~vgrpo_lib.integrations.packed_weights.pack_folder`) plus ``card.json`` and the model card
-    ``README.md`` into ``folder``, replacing it as a whole (written next to it, then renamed)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
-    pipe.to(torch.float32)
-    pack_folder(tmp)  # the weights packed (byte planes, xz): loaders unpack them once into a cache
-    card = {**card, "folder_bytes": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())}
-    (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-    (tmp / "README.md").write_text(model_card(card))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-
-
 def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict | None = None,
            flow_recipe: dict = FLOW_RECIPE) -> dict:
     """Measure ``pipe`` (with the flow weights of snapshot ``step`` if given) and write ``work/pipeline``;
@@ -397,7 +379,7 @@ def finish(pipe, work: Path, log=print, step: int | None = None, seconds: dict |
     flow_recipe = {**flow_recipe, "steps": step or flow_recipe["steps"]}
     card = describe(pipe, metrics, VAE_RECIPE, flow_recipe, EVAL,
                     {**(seconds or {}), "measure_s": round(time.perf_counter() - started)})
-    save_pipeline(pipe, card, Path(work) / "pipeline")
+    write_pipeline(pipe, card, Path(work) / "pipeline", model_card)
     log(f"wrote {Path(work) / 'pipeline'}: {metrics}")
     return card
 
