@@ -33,7 +33,8 @@ steps with seed bands, and each run's directory. KL terms to the base policy are
 Flow-GRPO rolls out without CFG (the reward of CFG rollouts is not the CFG-free policy's), so the algorithms'
 cores are compared; the other official settings are on (``--preset official``, docs/concepts/baselines.md). Run again
 with the same ``DIR``, an interrupted comparison continues: finished runs are read back from their tables (no
-checkpoint needed), a cut one resumes from its newest checkpoint (:func:`start_or_resume`).
+checkpoint needed), a cut one resumes from its newest checkpoint (:func:`start_or_resume`). Start the same command
+again while it runs (on another core) and the two share the runs (:func:`train_stage`).
 
 Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls default to
 ``DEFAULT_STEP_CONTROLS``).
@@ -45,7 +46,8 @@ from vgrpo_lib.benchmarks.compare.protocol import (
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
 from vgrpo_lib.benchmarks.compare.runner import (
-    COMPARISON_ENTRIES, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume, train_to_end,
+    COMPARISON_ENTRIES, POLL_SECONDS, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume,
+    train_stage, train_to_end,
 )
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
@@ -56,11 +58,11 @@ from vgrpo_lib.benchmarks.compare.stats import (
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES", "COMPARISON_ENTRIES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_RATIO_KEYS", "INTERVAL",
-    "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
+    "LEARNING_RATES", "MIN_SEEDS", "POLL_SECONDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
     "check_comparison_folder",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
     "median_ratios",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
-    "summarise_run", "target_rule", "time_to_target", "train_to_end", "variant_preset",
+    "summarise_run", "target_rule", "time_to_target", "train_stage", "train_to_end", "variant_preset",
 ]

@@ -1,5 +1,11 @@
 """Running the controlled comparison: :func:`run_compare` tunes, fixes the targets, runs the reported seeds and
-writes the summary; an interrupted comparison continues where it stopped (:func:`start_or_resume`)."""
+writes the summary; an interrupted comparison continues where it stopped (:func:`start_or_resume`).
+
+Several processes may run the same comparison command on the same ``--out`` (one per core: two cores finish it in
+about half the time): each trains, in the protocol's order, the runs no other process holds (a run's lock,
+:meth:`~vgrpo_lib.algorithms.run_dir.RunDir.lock_holder`), then waits for the runs the others hold and reads them
+back (:func:`train_stage`); a run whose process died before finishing it is continued by the next that finds it
+free. Every process chooses the same settings from the same runs and writes the same protocol and summary."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgrpo_lib.algorithms.errors import RunDirExists, RunDirInUse
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, write_uncompressed_text
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks.compare.protocol import (
@@ -21,16 +28,18 @@ from vgrpo_lib.benchmarks.compare.stats import (
     aggregate_seeds, heldout_target_rule, median_ratios, selection_key, summarise_run, target_rule,
 )
 from vgrpo_lib.errors import UsageError
+from vgrpo_lib.integrations.atomic import is_temp_name
 
 __all__ = [
-    "COMPARISON_ENTRIES", "FinishedRun", "check_comparison_folder", "finished_run", "run_compare", "start_or_resume",
-    "train_to_end",
+    "COMPARISON_ENTRIES", "FinishedRun", "POLL_SECONDS", "check_comparison_folder", "finished_run", "run_compare",
+    "start_or_resume", "train_stage", "train_to_end",
 ]
 
 # What a comparison writes into its folder (besides its plots, *.png); its protocol and summary may be kept compressed
 # (`vgrpo compress DIR/summary.json`, as results/ keeps them), and a continued comparison writes them afresh.
 COMPARISON_ENTRIES = frozenset({"runs", "protocol.json", "summary.json", "summary.md", "protocol.json.gz",
                                 "summary.json.gz"})
+POLL_SECONDS = 10.0  # how often a process looks again at the runs another process of the comparison holds
 
 
 @dataclass(frozen=True)
@@ -81,13 +90,58 @@ def train_to_end(config, run_dir: Path) -> tuple[FinishedRun, str]:
     return FinishedRun(run.metrics, run.evaluations), f"{(time.monotonic() - start) / 60:.1f} min"
 
 
+def _holder_elsewhere(run_dir: Path) -> str | None:
+    """"pid P host H" of the live process holding the run's lock (another process of the comparison, or anyone's),
+    else None."""
+    return RunDir(run_dir).lock_holder() if run_dir.is_dir() else None
+
+
+def _wait(seconds: float) -> None:
+    """Sleep while other processes of the comparison train the runs this one waits for."""
+    time.sleep(seconds)
+
+
+def train_stage(jobs: dict, report) -> dict:
+    """Every run of one stage of the comparison (its tuning runs, or its reported runs), as ``{key: FinishedRun}``
+    for ``jobs = {key: (config, run_dir)}``: in order, each run trained, continued or read back by this process
+    (:func:`train_to_end`) unless another live process holds it; then, every :data:`POLL_SECONDS`, the runs held
+    elsewhere are looked at again until each is read back (finished by its holder) or free to continue (its holder
+    died). ``report(key, run, how)`` is called once per run, as it is had."""
+    done, pending, announced = {}, list(jobs), set()
+    while pending:
+        deferred = []
+        for key in pending:
+            config, run_dir = jobs[key]
+            holder = _holder_elsewhere(run_dir)
+            if holder is None:
+                try:
+                    run, how = train_to_end(config, run_dir)
+                except (RunDirInUse, RunDirExists):  # another process took it after the look above
+                    holder = _holder_elsewhere(run_dir) or "another process"
+                else:
+                    done[key] = run
+                    report(key, run, how)
+                    continue
+            deferred.append(key)
+            if key not in announced:
+                announced.add(key)
+                print(f"{run_dir.name} is held by {holder}: training the next free run, then reading it back",
+                      flush=True)
+        if deferred and len(deferred) == len(pending):  # nothing left to train here: wait for the other processes
+            _wait(POLL_SECONDS)
+        pending = deferred
+    return done
+
+
 def check_comparison_folder(out: Path) -> None:
-    """``out`` is new, empty, or a comparison's own folder (continued where it stopped): a file, or a folder holding
-    anything a comparison does not write, is refused naming it before any run starts."""
+    """``out`` is new, empty, or a comparison's own folder (continued where it stopped, or shared with another
+    process running the same comparison, whose temporary files of atomic writes it may hold): a file, or a folder
+    holding anything a comparison does not write, is refused naming it before any run starts."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; a comparison writes a folder.")
     foreign = sorted(entry.name for entry in out.iterdir()
-                     if not (entry.name in COMPARISON_ENTRIES or entry.suffix == ".png")) if out.is_dir() else []
+                     if not (entry.name in COMPARISON_ENTRIES or entry.suffix == ".png" or is_temp_name(entry.name))
+                     ) if out.is_dir() else []
     if foreign:
         raise UsageError(f"--out {out} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which a "
                          f"comparison does not write; give a new or empty folder (or a comparison's, to continue it).")
@@ -130,15 +184,19 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) * tuning_seeds + seeds)
     counter = itertools.count(1)
 
-    def train(variant: str, seed: int, lr: float, control: str) -> FinishedRun:
-        """One run, trained or read back."""
-        config = build(variant, task, seed, lr, control, extra, pipeline)
-        run, how = train_to_end(config, out / "runs" / run_name(variant, control, lr, seed))
+    def job(variant: str, seed: int, lr: float, control: str) -> tuple:
+        """The config and folder of one run."""
+        return build(variant, task, seed, lr, control, extra, pipeline), out / "runs" / run_name(variant, control, lr, seed)
+
+    def report(key: tuple, run: FinishedRun, how: str) -> None:
+        variant, seed, lr, control = key
         print(f"[{next(counter)}/{total}] {variant:<14} {control:<16} lr {lr:<7g} seed {seed}: final reward "
               f"{statistics.mean(m['reward_mean'] for m in run.metrics[-SMOOTHING:]):.3f} ({how})", flush=True)
-        return run
 
-    tuning = {variant: {(control, lr): [train(variant, seed, lr, control) for seed in tuning_seed_list]
+    keys = [(variant, seed, lr, control) for variant in variants for control in VARIANTS[variant].step_controls
+            for lr in learning_rates for seed in tuning_seed_list]
+    trained = train_stage({key: job(*key) for key in keys}, report)
+    tuning = {variant: {(control, lr): [trained[variant, seed, lr, control] for seed in tuning_seed_list]
                         for control in VARIANTS[variant].step_controls for lr in learning_rates}
               for variant in variants}
     tuning_runs = [t for runs in tuning.values() for setting in runs.values() for t in setting]
@@ -160,10 +218,12 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     write_uncompressed_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
     print(f"target {target['target']:.4f} (base {target['base']:.4f}, ceiling {target['ceiling']:.4f})", flush=True)
 
+    keys = [(variant, seed, chosen[variant][1], chosen[variant][0]) for variant in variants for seed in range(seeds)]
+    trained = train_stage({key: job(*key) for key in keys}, report)
     runs, curves = {}, {}
     for variant in variants:
         control, lr = chosen[variant]
-        trainers = [train(variant, seed, lr, control) for seed in range(seeds)]
+        trainers = [trained[variant, seed, lr, control] for seed in range(seeds)]
         runs[variant] = [summarise_run(t.metrics, t.evaluations, target["target"], heldout["target"]) for t in trainers]
         curves[variant] = [t.metrics for t in trainers]
     ratios = {}
