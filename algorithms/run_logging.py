@@ -19,6 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Imported with this module, not at a run's first log: importing torchrl's loggers keeps the frames of the stack that
+# first imports it (the traceback of its compiled extension's failed load), which would hold that run's Trainer, and
+# its model, alive for the rest of the process.
+from torchrl.record.loggers import CSVLogger, TensorboardLogger
+
 from vgrpo_lib.errors import UsageError
 from vgrpo_lib.extras import missing_packages, require_extra
 from vgrpo_lib.integrations.atomic import atomic_write_text
@@ -60,11 +65,7 @@ def make_logger(backend: str, log_dir: Path, run_id: str, project: str | None = 
 
         return WandbLogger(exp_name="run", save_dir=str(log_dir), id=run_id, project=project, log_env_packages=False)
     if backend == "tensorboard":
-        from torchrl.record.loggers import TensorboardLogger
-
         return TensorboardLogger(exp_name="run", log_dir=str(log_dir))
-    from torchrl.record.loggers import CSVLogger
-
     return CSVLogger(exp_name="run", log_dir=str(log_dir))
 
 

@@ -90,12 +90,6 @@ def train_to_end(config, run_dir: Path) -> tuple[FinishedRun, str]:
     return FinishedRun(run.metrics, run.evaluations), f"{(time.monotonic() - start) / 60:.1f} min"
 
 
-def _holder_elsewhere(run_dir: Path) -> str | None:
-    """"pid P host H" of the live process holding the run's lock (another process of the comparison, or anyone's),
-    else None."""
-    return RunDir(run_dir).lock_holder() if run_dir.is_dir() else None
-
-
 def _wait(seconds: float) -> None:
     """Sleep while other processes of the comparison train the runs this one waits for."""
     time.sleep(seconds)
@@ -112,12 +106,12 @@ def train_stage(jobs: dict, report) -> dict:
         deferred = []
         for key in pending:
             config, run_dir = jobs[key]
-            holder = _holder_elsewhere(run_dir)
+            holder = RunDir(run_dir).lock_holder()  # None also for a run not started yet
             if holder is None:
                 try:
                     run, how = train_to_end(config, run_dir)
                 except (RunDirInUse, RunDirExists):  # another process took it after the look above
-                    holder = _holder_elsewhere(run_dir) or "another process"
+                    holder = RunDir(run_dir).lock_holder() or "another process"
                 else:
                     done[key] = run
                     report(key, run, how)

@@ -38,3 +38,19 @@ def test_the_command_reports_each_as_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"vgrpo compare: error: --out {tmp_path / 'f'} is a file; a comparison writes a folder.",
                      "vgrpo sample: error: --per-prompt must be >= 1."]
+
+
+def test_a_folder_shared_with_another_comparison_process_may_hold_its_temporary_files(tmp_path):
+    """Another process of the same comparison writing protocol.json atomically leaves a temporary name in the folder
+    for a moment: that is the comparison's own, not foreign; a user's ``.draft.tmp`` still is."""
+    from vgrpo_lib.benchmarks.compare import check_comparison_folder
+    from vgrpo_lib.integrations.atomic import is_temp_name
+
+    (tmp_path / "runs").mkdir()
+    writing = ".protocol.json.a1b2c3d4.vgrpo.tmp"
+    assert is_temp_name(writing)
+    (tmp_path / writing).write_text("{")
+    check_comparison_folder(tmp_path)
+    (tmp_path / ".draft.tmp").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds \.draft\.tmp, which a comparison does not write"):
+        check_comparison_folder(tmp_path)
