@@ -1,7 +1,10 @@
 """Levers on the setting a comparison chose: each added alone, then together, under the same protocol.
 
 A lever is a named config switch (:data:`LEVERS`: more pairs, K chosen from the measured noise, an extra epoch
-under the ratio clip, a cheaper higher-order rollout, an EMA policy for evaluation). The study takes one algorithm of a comparison
+under the ratio clip, a cheaper higher-order rollout, an EMA policy for evaluation) or a multiple of the comparison's
+iteration budget (:data:`BUDGET_LEVERS`: the protocol gives every algorithm the same iterations, so an algorithm whose
+iteration is cheaper stops sooner and a seed that has not reached a target by then counts as a miss; ``budget_x2``
+asks what it does with more of the compute its competitors spent). The study takes one algorithm of a comparison
 (``vgrpo compare``) at the setting the comparison chose for it, adds a lever, and trains it on the comparison's
 reported seeds with the comparison's budget; every run is summarised against the comparison's OWN targets (training
 and held-out: the targets were fixed by its tuning runs, before any lever was seen), so the lever's row reads like the
@@ -29,6 +32,7 @@ them without training anything.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
@@ -37,7 +41,7 @@ from vgrpo_lib.benchmarks.compare import (
 )
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
+__all__ = ["LEVERS", "BUDGET_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
 
 # Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
 # V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).
@@ -66,18 +70,33 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # measurement swung K between 2 and 16 (results/levers-digit-vgrpo+/).
     "adaptive_k_smoothed": ("vgrpo.adaptive_pairs=share=0.5,max=16,every=5,smoothing=0.7",),
 }
+# Each budget lever as the factor on the comparison's iterations (its protocol's ``iterations=N``); the evaluation
+# keeps its period, so the held-out clock goes on ticking past the comparison's end. Twice V-GRPO's 40 iterations on
+# MNIST-SD3 cost 80 x 22 = 1760 NFE per sample, under DiffusionNFT's 40 x 46 = 1840: at most its compute.
+BUDGET_LEVERS: dict[str, int] = {"budget_x2": 2}
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's
 
 
-def cell_overrides(cell: str) -> list[str]:
-    """The overrides of a cell: one lever's, or several levers' joined by ``+`` (applied in that order)."""
+def comparison_iterations(protocol: dict) -> int:
+    """The iteration budget every run of a comparison had (``iterations=N`` in its protocol's ``budget``)."""
+    budget = [entry.partition("=")[2] for entry in protocol["budget"] if entry.startswith("iterations=")]
+    if len(budget) != 1:
+        raise UsageError(f"The comparison's protocol names no single iteration budget: {protocol['budget']}.")
+    return int(budget[0])
+
+
+def cell_overrides(cell: str, iterations: int) -> list[str]:
+    """The overrides of a cell: one lever's, or several levers' joined by ``+`` (applied in that order);
+    ``iterations``: the comparison's iteration budget, which a budget lever multiplies."""
     names = cell.split(COMBINE_SEPARATOR)
-    unknown = [name for name in names if name not in LEVERS]
+    unknown = [name for name in names if name not in LEVERS and name not in BUDGET_LEVERS]
     if unknown or len(set(names)) < len(names):
         raise UsageError(f"Cell {cell!r}: expected distinct levers joined by {COMBINE_SEPARATOR!r} among "
-                         f"{', '.join(LEVERS)}; {'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'a repeat'}.")
-    return [override for name in names for override in LEVERS[name]]
+                         f"{', '.join([*LEVERS, *BUDGET_LEVERS])}; "
+                         f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'a repeat'}.")
+    return [override for name in names
+            for override in (LEVERS[name] if name in LEVERS else (f"iterations={BUDGET_LEVERS[name] * iterations}",))]
 
 
 def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict | None]:
@@ -113,9 +132,9 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
         return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"], [*extra, *overrides],
                      protocol["pipeline"])
 
-    seeds = protocol["reported_seeds"]
+    seeds, iterations = protocol["reported_seeds"], comparison_iterations(protocol)
     for cell in cells:  # every cell must build, and change something, before any run starts
-        if config(seeds[0], cell_overrides(cell)).to_json() == config(seeds[0], []).to_json():
+        if config(seeds[0], cell_overrides(cell, iterations)).to_json() == config(seeds[0], []).to_json():
             raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
                              f"{chosen['lr']:g}) unchanged: it measures nothing.")
     references = {} if summary is None else {name: summary["per_seed"][name] for name in (variant, COMPARED_WITH)
@@ -123,14 +142,20 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     report = {"comparison": str(comparison), "variant": variant, "chosen": chosen, "seeds": seeds,
               "target": protocol["target"], "heldout_target": protocol["heldout"]["target"],
               "comparison_finished": summary is not None,
-              "references": {name: aggregate_seeds(runs) for name, runs in references.items()}, "cells": {}}
+              # The comparison's settings spend the same NFE at every iteration (no variant chooses K as it goes).
+              "references": {name: aggregate_seeds(runs) | {"iterations": iterations, "nfe_per_sample": iterations *
+                                                            statistics.mean(r["nfe_per_sample_per_iteration"] for r in runs)}
+                             for name, runs in references.items()},
+              "cells": {}}
     for cell in cells:
-        runs = []
+        runs, nfe = [], []
         for seed in seeds:
-            run, how = train_to_end(config(seed, cell_overrides(cell)), out / "runs" / f"{cell}_seed{seed}")
+            run, how = train_to_end(config(seed, cell_overrides(cell, iterations)), out / "runs" / f"{cell}_seed{seed}")
             runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
+            nfe.append(run.metrics[-1]["nfe_cumulative"])
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
-        report["cells"][cell] = {"overrides": cell_overrides(cell), **aggregate_seeds(runs), "per_seed": runs,
+        report["cells"][cell] = {"overrides": cell_overrides(cell, iterations), **aggregate_seeds(runs),
+                                 "iterations": len(run.metrics), "nfe_per_sample": statistics.mean(nfe), "per_seed": runs,
                                  "over": {name: median_ratios(runs, reference) for name, reference in references.items()}}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
@@ -152,8 +177,9 @@ def markdown(report: dict) -> str:
     if not report["comparison_finished"]:
         lines += ["The comparison has not finished: no ratios yet (run this command again after it: the runs are "
                   "read back).", ""]
-    lines += [f"| cell | held-out time | training time | final held-out reward | over unchanged {variant} (held-out) | "
-              f"over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| cell | iterations (NFE / sample) | held-out time | training time | final held-out reward | "
+              f"over unchanged {variant} (held-out) | over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |",
+              "|---|---|---|---|---|---|---|---|"]
     rows = [(f"{name} (comparison)", row, None) for name, row in report["references"].items()]
     rows += [(name, cell, cell["over"]) for name, cell in report["cells"].items()]
     for name, row, over in rows:
@@ -162,6 +188,7 @@ def markdown(report: dict) -> str:
             for reference, key in ((variant, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_time_to_target_s"),
                                    (COMPARED_WITH, "time_to_target_s"))]
         reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
-        lines.append(f"| {name} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
+        budget = f"{row['iterations']} ({row['nfe_per_sample']:.0f})"
+        lines.append(f"| {name} | {budget} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
                      f"{reward} | " + " | ".join(ratios) + " |")
     return "\n".join(lines) + "\n"

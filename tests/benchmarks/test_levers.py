@@ -11,7 +11,7 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import run_compare, summarise_run
+from vgrpo_lib.benchmarks.compare import build, run_compare, summarise_run
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -59,6 +59,38 @@ def test_each_cell_runs_the_chosen_setting_plus_its_levers_against_the_compariso
     assert json.loads((tmp_path / "levers.json").read_text()) == json.loads(json.dumps(report))
     table = (tmp_path / "levers.md").read_text()
     assert "| vgrpo (comparison) |" in table and "| diffusion_nft (comparison) |" in table and "| k8+ema_eval |" in table
+    # Each row's budget: the iterations and NFE per sample its runs spent (the comparison's own runs' tables for
+    # its rows), so a reader sees which rows had equal compute.
+    for name in ("vgrpo", "diffusion_nft"):
+        spent = [RunDir(comparison / "runs" / f"{name}_{protocol['chosen'][name]['step_control']}_lr0.001_seed{seed}")
+                 .read_rows("metrics.csv")[-1]["nfe_cumulative"] for seed in (0, 1)]
+        assert report["references"][name]["nfe_per_sample"] == pytest.approx(statistics.mean(spent))
+        assert f"| {name} (comparison) | 3 ({statistics.mean(spent):.0f}) |" in table
+    k8 = [RunDir(tmp_path / "runs" / f"k8_seed{seed}").read_rows("metrics.csv") for seed in (0, 1)]
+    assert report["cells"]["k8"]["iterations"] == 3
+    assert report["cells"]["k8"]["nfe_per_sample"] == statistics.mean(rows[-1]["nfe_cumulative"] for rows in k8)
+
+
+def test_a_budget_lever_multiplies_the_comparisons_iterations_and_the_evaluations_go_on(comparison, tmp_path):
+    """budget_x2: the chosen setting with twice the comparison's iterations (3 -> 6), evaluated at the same period
+    past the comparison's end, alone or beside a config lever; every other setting as the comparison's."""
+    report = levers.run_levers(comparison, tmp_path, variant="vgrpo", cells=["budget_x2", "budget_x2+ema_eval"])
+    protocol = json.loads((comparison / "protocol.json").read_text())
+    for cell in ("budget_x2", "budget_x2+ema_eval"):
+        assert report["cells"][cell]["overrides"][0] == "iterations=6" and report["cells"][cell]["iterations"] == 6
+        for seed in (0, 1):
+            run = RunDir(tmp_path / "runs" / f"{cell}_seed{seed}")
+            config = run.train_config()
+            plain = build("vgrpo", protocol["task"], seed, config.optim.lr,
+                                 protocol["chosen"]["vgrpo"]["step_control"], [*protocol["budget"],
+                                                                                *protocol["overrides"]])
+            assert config.iterations == 6 and plain.iterations == 3
+            assert config.optim.ema_decay == (0.9 if cell.endswith("ema_eval") else None)
+            changed = {key for key, value in config.to_dict().items() if plain.to_dict()[key] != value}
+            assert changed == ({"iterations", "optim"} if cell.endswith("ema_eval") else {"iterations"})
+            assert [row["iteration"] for row in run.read_rows("metrics.csv")] == list(range(6))
+            assert [row["iteration"] for row in run.read_jsonl("eval.jsonl")][-1] == 6
+    assert "| budget_x2 | 6 (" in (tmp_path / "levers.md").read_text()
 
 
 def test_levers_start_once_the_settings_are_chosen_and_a_second_command_adds_the_ratios(comparison, tmp_path,
@@ -95,6 +127,10 @@ def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, m
         levers.run_levers(comparison, tmp_path / "out", cells=["k8+k9"])
     with pytest.raises(UsageError, match="a repeat"):
         levers.run_levers(comparison, tmp_path / "out", cells=["k8+k8"])
+    with pytest.raises(UsageError, match="a repeat"):
+        levers.run_levers(comparison, tmp_path / "out", cells=["budget_x2+budget_x2"])
+    with pytest.raises(UsageError, match="no single iteration budget"):
+        levers.comparison_iterations({"budget": ["eval.every=10"]})
     with pytest.raises(UsageError, match="at least one lever"):
         levers.run_levers(comparison, tmp_path / "out", cells=[])
     # A lever that leaves the chosen setting as it is measures nothing (the comparison's V-GRPO already has K = 4).
