@@ -41,8 +41,7 @@ from vgrpo_lib.benchmarks.compare import (
 )
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["LEVERS", "BUDGET_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "comparison_iterations",
-           "run_levers", "markdown"]
+__all__ = ["LEVERS", "BUDGET_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
 
 # Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
 # V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).
@@ -71,21 +70,13 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # measurement swung K between 2 and 16 (results/levers-digit-vgrpo+/).
     "adaptive_k_smoothed": ("vgrpo.adaptive_pairs=share=0.5,max=16,every=5,smoothing=0.7",),
 }
-# Each budget lever as the factor on the comparison's iterations (its protocol's ``iterations=N``); the evaluation
+# Each budget lever as the factor on the comparison's iterations (its chosen config's ``iterations``); the evaluation
 # keeps its period, so the held-out clock goes on ticking past the comparison's end. On MNIST-SD3 DiffusionNFT's 40
 # iterations cost 40 x 46 = 1840 NFE per sample; twice V-GRPO's (22 per iteration) 1760 and three times
 # vgrpo+lean's (12) 1440: each at most DiffusionNFT's compute.
 BUDGET_LEVERS: dict[str, int] = {"budget_x2": 2, "budget_x3": 3}
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's
-
-
-def comparison_iterations(protocol: dict) -> int:
-    """The iteration budget every run of a comparison had (``iterations=N`` in its protocol's ``budget``)."""
-    budget = [entry.partition("=")[2] for entry in protocol["budget"] if entry.startswith("iterations=")]
-    if len(budget) != 1:
-        raise UsageError(f"The comparison's protocol names no single iteration budget: {protocol['budget']}.")
-    return int(budget[0])
 
 
 def cell_overrides(cell: str, iterations: int) -> list[str]:
@@ -134,9 +125,11 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
         return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"], [*extra, *overrides],
                      protocol["pipeline"])
 
-    seeds, iterations = protocol["reported_seeds"], comparison_iterations(protocol)
+    seeds = protocol["reported_seeds"]
+    iterations = config(seeds[0], []).iterations  # the comparison's budget, which a budget lever multiplies
+    overrides = {cell: cell_overrides(cell, iterations) for cell in cells}
     for cell in cells:  # every cell must build, and change something, before any run starts
-        if config(seeds[0], cell_overrides(cell, iterations)).to_json() == config(seeds[0], []).to_json():
+        if config(seeds[0], overrides[cell]).to_json() == config(seeds[0], []).to_json():
             raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
                              f"{chosen['lr']:g}) unchanged: it measures nothing.")
     references = {} if summary is None else {name: summary["per_seed"][name] for name in (variant, COMPARED_WITH)
@@ -152,12 +145,13 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     for cell in cells:
         runs, nfe = [], []
         for seed in seeds:
-            run, how = train_to_end(config(seed, cell_overrides(cell, iterations)), out / "runs" / f"{cell}_seed{seed}")
+            run, how = train_to_end(config(seed, overrides[cell]), out / "runs" / f"{cell}_seed{seed}")
             runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
             nfe.append(run.metrics[-1]["nfe_cumulative"])
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
-        report["cells"][cell] = {"overrides": cell_overrides(cell, iterations), **aggregate_seeds(runs),
-                                 "iterations": len(run.metrics), "nfe_per_sample": statistics.mean(nfe), "per_seed": runs,
+        report["cells"][cell] = {"overrides": overrides[cell], **aggregate_seeds(runs),
+                                 "iterations": config(seeds[0], overrides[cell]).iterations,
+                                 "nfe_per_sample": statistics.mean(nfe), "per_seed": runs,
                                  "over": {name: median_ratios(runs, reference) for name, reference in references.items()}}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
