@@ -101,6 +101,12 @@ class Algorithm:
         """Called once the gradient steps of ``iteration`` are done; ``grad_steps``: gradient steps taken so far
         in the run (this iteration's included)."""
 
+    @property
+    def nfe_varies_with(self) -> str | None:
+        """The config key by which :meth:`nfe` changes from iteration to iteration as the run trains, or None
+        when every iteration costs the same (the default)."""
+        return None
+
     def nfe(self) -> dict[str, int]:
         """Model evaluations per sample and iteration: ``rollout``, ``prepare`` (no grad) and ``update`` (with
         grad, forward+backward counted once)."""

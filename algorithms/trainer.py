@@ -60,7 +60,7 @@ from vgrpo_lib.integrations.distributed import (
 )
 from vgrpo_lib.advantages import GroupAdvantage
 
-__all__ = ["refuse_nonfinite_weights", "task_label", "Trainer"]
+__all__ = ["build_algorithm", "iteration_nfe", "refuse_nonfinite_weights", "task_label", "Trainer"]
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
@@ -85,6 +85,28 @@ def refuse_nonfinite_weights(policy: torch.nn.Module, config: TrainConfig) -> No
     raise DamagedFileError(f"The policy's weights from {source} hold NaN or inf before any training, in "
                            f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} ({len(bad)} tensors): the weights "
                            f"are damaged; load intact ones.")
+
+
+def build_algorithm(config: TrainConfig, task: TaskProtocol, policy: torch.nn.Module):
+    """``config.algo``'s algorithm (:data:`~vgrpo_lib.algorithms.registry.ALGORITHM_CLASSES`) on ``task`` with the
+    trained ``policy`` and the frozen copies it asks for (:func:`~vgrpo_lib.algorithms.strategy.build_policies`)."""
+    algorithm_class = ALGORITHM_CLASSES[config.algo]
+    policies = build_policies(task, policy, algorithm_class, config)
+    return algorithm_class(config, policies, task.sample_shape, rollout_grid(task, config.rollout))
+
+
+def iteration_nfe(config: TrainConfig) -> int:
+    """Model evaluations per sample in one iteration of ``config`` (the sum of
+    :meth:`~vgrpo_lib.algorithms.base.Algorithm.nfe`: rollout, prepare, update), read from its algorithm as built for
+    training on its task, whose policy is loaded for it (no run directory is touched): what a budget in NFE per
+    sample divides by (``vgrpo compare --nfe-budget``). Refused by name for a config whose cost changes as it trains
+    (:attr:`~vgrpo_lib.algorithms.base.Algorithm.nfe_varies_with`: V-GRPO's ``vgrpo.adaptive_pairs``)."""
+    task = load_task(config.task, config.model)
+    algorithm = build_algorithm(config, task, task.load_policy())
+    if algorithm.nfe_varies_with is not None:
+        raise UsageError(f"{config.algo} with {algorithm.nfe_varies_with} chooses its cost per iteration as it "
+                         f"trains: no fixed number of iterations spends a given NFE budget.")
+    return sum(algorithm.nfe().values())
 
 
 class Trainer:
@@ -117,12 +139,10 @@ class Trainer:
         self.task = load_task(config.task, config.model) if task is None else task
         self.policy = self.task.load_policy()
         refuse_nonfinite_weights(self.policy, config)
-        algorithm_class = ALGORITHM_CLASSES[config.algo]
         # DDP's constructor is a collective: no rank gets here before every rank has checked the run directory.
-        policies = build_policies(self.task, self.policy, algorithm_class, config)
+        self.algorithm = build_algorithm(config, self.task, self.policy)
         # bf16 autocast (precision=bfloat16) where the policy computes
         self._autocast = functools.partial(autocast, next(self.policy.parameters()).device.type, config.precision)
-        self.algorithm = algorithm_class(config, policies, self.task.sample_shape, rollout_grid(self.task, config.rollout))
         self.reward_fn = self.task.reward()
         self.reward_names, self.reward_weights = reward_parts(self.reward_fn)  # None, None for a single reward
         a, o = config.advantage, config.optim

@@ -99,6 +99,11 @@ class VGRPO(Algorithm):
             return {}
         return {"num_pairs": self.estimator.num_pairs, "pair_noise_share": self.noise_share}
 
+    @property
+    def nfe_varies_with(self) -> str | None:
+        """``vgrpo.adaptive_pairs`` when set: K, and with it the prepare and update NFE, is chosen as the run trains."""
+        return None if self.pair_control is None else "vgrpo.adaptive_pairs"
+
     def nfe(self) -> dict[str, int]:
         k, epochs = self.estimator.num_pairs, self.config.optim.epochs
         reference = k * epochs if self.loss_module.ref_kl_coef is not None else 0

@@ -41,7 +41,7 @@ def _compare(args) -> int:
         kwargs["learning_rates"] = tuple(args.learning_rates)
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
                           iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select,
-                          tuning_seeds=args.tuning_seeds, **kwargs)
+                          tuning_seeds=args.tuning_seeds, nfe_budget=args.nfe_budget, **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -85,6 +85,9 @@ def _compare_arguments(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--variants", nargs="+", default=None, help="algorithms to compare (vgrpo_lib.benchmarks.compare.VARIANTS)")
     compare.add_argument("--iterations", type=int, default=None, help="iterations per run (default 80, 30 with --quick)")
     compare.add_argument("--quick", action="store_true", help="a smoke test: 30 iterations, fewer seeds allowed")
+    compare.add_argument("--nfe-budget", type=int, default=None, metavar="N",
+                         help="instead of --iterations: the same compute for every setting, N model evaluations per "
+                              "sample (each setting's iterations: N over its NFE per iteration, in protocol.json)")
     compare.add_argument("--learning-rates", type=float, nargs="+", default=None, metavar="LR",
                          help="the tuning grid, the same for every algorithm (default: "
                               "vgrpo_lib.benchmarks.compare.LEARNING_RATES, 1e-4 3e-4 1e-3)")

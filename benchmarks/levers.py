@@ -37,7 +37,7 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
 from vgrpo_lib.benchmarks.compare import (
-    aggregate_seeds, build, median_ratios, ratio_cell, summarise_run, train_to_end,
+    aggregate_seeds, chosen_config, median_ratios, ratio_cell, summarise_run, train_to_end,
 )
 from vgrpo_lib.errors import UsageError
 
@@ -119,11 +119,9 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
         raise UsageError("Name at least one lever (--levers) or combination (--combine).")
     protocol, summary = _read_comparison(comparison, variant)
     chosen = protocol["chosen"][variant]
-    extra = [*protocol["budget"], *protocol["overrides"]]
 
     def config(seed: int, overrides: list[str]):
-        return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"], [*extra, *overrides],
-                     protocol["pipeline"])
+        return chosen_config(protocol, variant, seed, overrides)
 
     seeds = protocol["reported_seeds"]
     iterations = config(seeds[0], []).iterations  # the comparison's budget, which a budget lever multiplies
@@ -137,10 +135,7 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     report = {"comparison": str(comparison), "variant": variant, "chosen": chosen, "seeds": seeds,
               "target": protocol["target"], "heldout_target": protocol["heldout"]["target"],
               "comparison_finished": summary is not None,
-              # The comparison's settings spend the same NFE at every iteration (no variant chooses K as it goes).
-              "references": {name: aggregate_seeds(runs) | {"iterations": iterations, "nfe_per_sample": iterations *
-                                                            statistics.mean(r["nfe_per_sample_per_iteration"] for r in runs)}
-                             for name, runs in references.items()},
+              "references": {name: aggregate_seeds(runs) | _spent(protocol, name, runs) for name, runs in references.items()},
               "cells": {}}
     for cell in cells:
         runs, nfe = [], []
@@ -156,6 +151,15 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
     return report
+
+
+def _spent(protocol: dict, name: str, runs: list[dict]) -> dict:
+    """The iterations and NFE per sample of ``name``'s reported ``runs`` in the comparison of ``protocol``: its
+    chosen config's iterations (a comparison under an NFE budget gives each setting its own), each at the same NFE
+    (no variant of a comparison chooses K as it goes)."""
+    iterations = chosen_config(protocol, name, protocol["reported_seeds"][0]).iterations
+    return {"iterations": iterations,
+            "nfe_per_sample": iterations * statistics.mean(r["nfe_per_sample_per_iteration"] for r in runs)}
 
 
 def _seconds(row: dict, key: str) -> str:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
 from vgrpo_lib.algorithms.trainer import Trainer
-from vgrpo_lib.benchmarks.compare import build, run_name, start_or_resume
+from vgrpo_lib.benchmarks.compare import chosen_config, run_name, start_or_resume
 
 __all__ = ["main"]
 
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in protocol["reported_seeds"]:
         name = run_name("vgrpo", chosen["step_control"], chosen["lr"], seed)
         finals["without EMA"].append(RunDir(HERE / "runs" / name).read_jsonl("eval.jsonl")[-1])
-        config = build("vgrpo", protocol["task"], seed, chosen["lr"], chosen["step_control"],
-                       [*protocol["budget"], *protocol["overrides"], "optim.ema_decay=0.9", "optim.ema_every=1"], protocol["pipeline"])
+        config = chosen_config(protocol, "vgrpo", seed, ["optim.ema_decay=0.9", "optim.ema_every=1"])
         run = start_or_resume(config, OUT / f"{name}_ema0.9")
         if isinstance(run, Trainer):
             run.train()

@@ -1,5 +1,7 @@
 """The controlled comparison: V-GRPO against its baselines and peers on the same task, base policy, prompts,
-reward, group size and iteration budget, under a protocol that favours no algorithm (issue 12):
+reward, group size and budget (the same iterations, or with ``nfe_budget`` the same model evaluations per sample,
+each setting's iterations then fitted to its own cost: :func:`setting_iterations`), under a protocol that favours no
+algorithm (issue 12):
 
 1. **Tuning** on ``TUNING_SEED`` (or on ``tuning_seeds`` seeds from it), none among the reported seeds. Every
    algorithm gets the same budget: the grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as
@@ -42,12 +44,13 @@ Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls
 
 from vgrpo_lib.benchmarks.compare.protocol import (
     DEFAULT_STEP_CONTROLS, FLOW_GRPO_CORE, LEARNING_RATES, MIN_SEEDS, REFERENCE, SELECTIONS, SMOOTHING, TARGET_FRACTION,
-    TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, run_name, variant_preset,
+    TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, chosen_config, run_name, setting_budget,
+    variant_preset,
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
 from vgrpo_lib.benchmarks.compare.runner import (
-    COMPARISON_ENTRIES, POLL_SECONDS, FinishedRun, check_comparison_folder, finished_run, run_compare, start_or_resume,
-    train_stage, train_to_end,
+    COMPARISON_ENTRIES, POLL_SECONDS, FinishedRun, check_comparison_folder, finished_run, run_compare,
+    setting_iterations, start_or_resume, train_stage, train_to_end,
 )
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
@@ -60,9 +63,10 @@ __all__ = [
     "BOOTSTRAP_RESAMPLES", "COMPARISON_ENTRIES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_RATIO_KEYS", "INTERVAL",
     "LEARNING_RATES", "MIN_SEEDS", "POLL_SECONDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
-    "check_comparison_folder",
+    "check_comparison_folder", "chosen_config",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "markdown_table", "median_ratio_interval",
     "median_ratios",
-    "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "smoothed", "start_or_resume",
+    "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "setting_budget", "setting_iterations",
+    "smoothed", "start_or_resume",
     "summarise_run", "target_rule", "time_to_target", "train_stage", "train_to_end", "variant_preset",
 ]

@@ -13,7 +13,7 @@ from vgrpo_lib.errors import UsageError
 __all__ = [
     "DEFAULT_STEP_CONTROLS", "FLOW_GRPO_CORE", "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING",
     "TARGET_FRACTION", "TASK_OVERRIDES", "TUNING_SEED", "VARIANTS", "Selection", "Variant", "build", "check_selection",
-    "check_variants", "run_name", "variant_preset",
+    "check_variants", "chosen_config", "run_name", "setting_budget", "variant_preset",
 ]
 
 TUNING_SEED = 100
@@ -104,6 +104,24 @@ def build(variant: str, task: str, seed: int, lr: float, control: str, overrides
     extra = [*v.overrides, *v.step_controls[control], *TASK_OVERRIDES.get(task, []), f"seed={seed}", f"optim.lr={lr}",
              *overrides]
     return build_config(v.algo, task, variant_preset(variant, pipeline), extra)
+
+
+def setting_budget(protocol: dict, variant: str, control: str) -> list[str]:
+    """The budget overrides of ``variant``'s setting ``control`` in a comparison's ``protocol`` (its
+    ``protocol.json``): the budget every setting shares (``iterations=N``, the evaluation period) and, in a
+    comparison with an NFE budget (``nfe_budget``), the iterations that spend it at this setting's cost
+    (``setting_iterations``)."""
+    per_setting = protocol.get("setting_iterations", {}).get(variant, {})
+    return [*protocol["budget"], *([f"iterations={per_setting[control]}"] if control in per_setting else [])]
+
+
+def chosen_config(protocol: dict, variant: str, seed: int, overrides=()) -> TrainConfig:
+    """The config of ``variant``'s reported run on ``seed`` in a comparison's ``protocol``: the setting it chose,
+    its budget (:func:`setting_budget`) and overrides, then ``overrides``."""
+    chosen = protocol["chosen"][variant]
+    return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"],
+                 [*setting_budget(protocol, variant, chosen["step_control"]), *protocol["overrides"], *overrides],
+                 protocol["pipeline"])
 
 
 def run_name(variant: str, control: str, lr: float, seed: int) -> str:

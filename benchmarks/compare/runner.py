@@ -18,10 +18,10 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.errors import RunDirExists, RunDirInUse
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, write_uncompressed_text
-from vgrpo_lib.algorithms.trainer import Trainer
+from vgrpo_lib.algorithms.trainer import Trainer, iteration_nfe
 from vgrpo_lib.benchmarks.compare.protocol import (
     LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_selection, check_variants,
-    run_name,
+    run_name, setting_budget,
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves
 from vgrpo_lib.benchmarks.compare.stats import (
@@ -32,7 +32,7 @@ from vgrpo_lib.integrations.atomic import is_temp_name
 
 __all__ = [
     "COMPARISON_ENTRIES", "FinishedRun", "POLL_SECONDS", "check_comparison_folder", "finished_run", "run_compare",
-    "start_or_resume", "train_stage", "train_to_end",
+    "setting_iterations", "start_or_resume", "train_stage", "train_to_end",
 ]
 
 # What a comparison writes into its folder (besides its plots, *.png); its protocol and summary may be kept compressed
@@ -127,6 +127,23 @@ def train_stage(jobs: dict, report) -> dict:
     return done
 
 
+def setting_iterations(nfe_budget: int, variants, task: str, lr: float, overrides: list[str],
+                       pipeline: str | None) -> dict[str, dict[str, int]]:
+    """``{variant: {step control: iterations}}``: the most iterations of each setting whose model evaluations per
+    sample (:func:`~vgrpo_lib.algorithms.trainer.iteration_nfe`, which the learning rate and the seed do not change)
+    stay within ``nfe_budget``; a budget under one iteration of a setting is refused naming it."""
+    table = {}
+    for variant in variants:
+        table[variant] = {}
+        for control in VARIANTS[variant].step_controls:
+            per_iteration = iteration_nfe(build(variant, task, TUNING_SEED, lr, control, overrides, pipeline))
+            if nfe_budget < per_iteration:
+                raise UsageError(f"--nfe-budget {nfe_budget} is under one iteration of {variant} ({control}), "
+                                 f"which costs {per_iteration} NFE per sample.")
+            table[variant][control] = nfe_budget // per_iteration
+    return table
+
+
 def check_comparison_folder(out: Path) -> None:
     """``out`` is new, empty, or a comparison's own folder (continued where it stopped, or shared with another
     process running the same comparison, whose temporary files of atomic writes it may hold): a file, or a folder
@@ -144,12 +161,15 @@ def check_comparison_folder(out: Path) -> None:
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
                 iterations: int | None = None, pipeline: str | None = None, select: str = "training",
-                tuning_seeds: int = 1) -> dict:
+                tuning_seeds: int = 1, nfe_budget: int | None = None) -> dict:
     """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
     (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
     names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``); ``tuning_seeds``
     tunes every setting on that many seeds (``TUNING_SEED``, ``TUNING_SEED + 1``, ...) and selects by all of them
-    (:func:`selection_key`), where one seed can mis-choose (``docs/results/vgrpo-plus.md``)."""
+    (:func:`selection_key`), where one seed can mis-choose (``docs/results/vgrpo-plus.md``). ``nfe_budget``, in
+    place of ``iterations``: every setting gets the compute, not the iterations: as many iterations as its model
+    evaluations per sample and iteration (:func:`~vgrpo_lib.algorithms.trainer.iteration_nfe`) fit in ``nfe_budget``
+    per sample (:func:`setting_iterations`), so that an algorithm with a cheaper iteration trains longer."""
     check_selection(select)
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}.")
@@ -162,17 +182,30 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         raise UsageError(f"The protocol reports at least {MIN_SEEDS} seeds, got seeds={seeds} (use --quick for a smoke test).")
     if iterations is not None and iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {iterations}.")
+    overrides = list(overrides or [])
+    if nfe_budget is not None and (iterations is not None or any(o.startswith("iterations=") for o in overrides)):
+        raise UsageError("--nfe-budget sets each setting's iterations: give it without --iterations or an "
+                         "iterations= override.")
     check_variants(variants)
     if not learning_rates or any(not lr > 0 for lr in learning_rates) or len(set(learning_rates)) < len(learning_rates):
         raise UsageError(f"--learning-rates must be distinct positive numbers, got {list(learning_rates)}.")
     out = Path(out)
     check_comparison_folder(out)
-    iterations = iterations if iterations is not None else (30 if quick else 80)
-    budget = [f"iterations={iterations}", "eval.every=10"]
-    extra = budget + list(overrides or [])
+    if nfe_budget is None:
+        iterations = iterations if iterations is not None else (30 if quick else 80)
+        budget = {"budget": [f"iterations={iterations}", "eval.every=10"]}
+    else:
+        budget = {"budget": ["eval.every=10"], "nfe_budget": nfe_budget}
+        budget["setting_iterations"] = setting_iterations(nfe_budget, variants, task, learning_rates[0],
+                                                          ["eval.every=10", *overrides], pipeline)
+
+    def config(variant: str, seed: int, lr: float, control: str):
+        """The config of one run: the setting's budget, then the user's overrides."""
+        return build(variant, task, seed, lr, control, [*setting_budget(budget, variant, control), *overrides], pipeline)
+
     for variant in variants:  # every setting must build before any run starts
         for control in VARIANTS[variant].step_controls:
-            build(variant, task, TUNING_SEED, learning_rates[0], control, extra, pipeline)
+            config(variant, TUNING_SEED, learning_rates[0], control)
 
     tuning_seed_list = [TUNING_SEED + k for k in range(tuning_seeds)]
     total = len(variants) * (len(VARIANTS[variants[0]].step_controls) * len(learning_rates) * tuning_seeds + seeds)
@@ -180,7 +213,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
 
     def job(variant: str, seed: int, lr: float, control: str) -> tuple:
         """The config and folder of one run."""
-        return build(variant, task, seed, lr, control, extra, pipeline), out / "runs" / run_name(variant, control, lr, seed)
+        return config(variant, seed, lr, control), out / "runs" / run_name(variant, control, lr, seed)
 
     def report(key: tuple, run: FinishedRun, how: str) -> None:
         variant, seed, lr, control = key
@@ -205,8 +238,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         sweep[variant] = {name: rows[0] for name, rows in sweep_per_seed[variant].items()}  # the first tuning seed's
     several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
-                "reported_seeds": list(range(seeds)), "budget": budget,
-                "overrides": list(overrides or []), "learning_rates": list(learning_rates),
+                "reported_seeds": list(range(seeds)), **budget,
+                "overrides": overrides, "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
     write_uncompressed_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
