@@ -29,6 +29,7 @@ def markdown_table(summary: dict) -> str:
     lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) ({tuned_on}; each "
              f"algorithm's setting selected by the {selected} target). "
              f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",
+             *_compute_budget(summary),
              "Medians over seeds (to target; a seed that never reaches it counts as infinite), means otherwise.", "",
              "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo, row in summary["algorithms"].items():
@@ -40,6 +41,18 @@ def markdown_table(summary: dict) -> str:
         lines += _ratio_rows(ratios, TRAINING_RATIO_KEYS)
     lines += _heldout_table(summary) + _phase_table(summary["algorithms"]) + _breakdown_table(summary["algorithms"])
     return "\n".join(lines) + "\n"
+
+
+def _compute_budget(summary: dict) -> list[str]:
+    """Under an NFE budget (``vgrpo compare --nfe-budget``), the sentence that states it and the iterations of
+    each algorithm's chosen setting; nothing under an iteration budget, which the table's rows share."""
+    p = summary["protocol"]
+    if "nfe_budget" not in p:
+        return []
+    iterations = ", ".join(f"{algo} {p['setting_iterations'][algo][row['step_control']]}"
+                           for algo, row in summary["algorithms"].items())
+    return [f"Equal compute: every setting ran the iterations that fit in {p['nfe_budget']} model evaluations per "
+            f"sample; the chosen settings' iterations: {iterations}.", ""]
 
 
 def ratio_cell(ratio: dict) -> str:

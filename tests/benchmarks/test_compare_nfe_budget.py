@@ -85,6 +85,11 @@ def test_each_setting_runs_the_iterations_that_spend_the_budget(comparison):
                 runs += 1
     assert runs == 3 + 3 + 2 + 2  # three tuning settings each, two reported seeds each
     iterations = protocol["setting_iterations"]
+    summary = json.loads((comparison / "summary.json").read_text())
+    chosen = {algo: iterations[algo][row["step_control"]] for algo, row in summary["algorithms"].items()}
+    assert (f"Equal compute: every setting ran the iterations that fit in 150 model evaluations per sample; the "
+            f"chosen settings' iterations: vgrpo {chosen['vgrpo']}, diffusion_nft {chosen['diffusion_nft']}."
+            in (comparison / "summary.md").read_text())
     # The cheaper iteration trains longer: V-GRPO's one step per rollout needs no prepare forwards.
     assert iterations["vgrpo"]["one_step"] > iterations["diffusion_nft"]["one_step"]
     assert iterations["vgrpo"]["one_step"] > iterations["vgrpo"]["two_epochs"]
