@@ -9,7 +9,8 @@ algorithm owns only what makes it different:
   micro-batches of ``optim.micro_batch_size`` rows;
 - ``loss``: the TorchRL loss module applied to a minibatch;
 - ``after_iteration``: old-policy updates;
-- ``nfe``: model evaluations per sample per iteration, for cost accounting.
+- ``nfe``: model evaluations per sample per iteration, for cost accounting and the NFE budget of a comparison
+  (``nfe_varies_with`` names the config key when it changes as the run trains).
 
 An algorithm is built from the config, the policies it asked for (:class:`vgrpo_lib.algorithms.policies.Policies`:
 ``needs_reference`` / ``needs_behaviour``), the sample shape and the rollout time grid (the task's; see
