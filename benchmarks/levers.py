@@ -118,16 +118,13 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     if not cells:
         raise UsageError("Name at least one lever (--levers) or combination (--combine).")
     protocol, summary = _read_comparison(comparison, variant)
-    chosen = protocol["chosen"][variant]
-
-    def config(seed: int, overrides: list[str]):
-        return chosen_config(protocol, variant, seed, overrides)
-
-    seeds = protocol["reported_seeds"]
-    iterations = config(seeds[0], []).iterations  # the comparison's budget, which a budget lever multiplies
-    overrides = {cell: cell_overrides(cell, iterations) for cell in cells}
-    for cell in cells:  # every cell must build, and change something, before any run starts
-        if config(seeds[0], overrides[cell]).to_json() == config(seeds[0], []).to_json():
+    chosen, seeds = protocol["chosen"][variant], protocol["reported_seeds"]
+    unchanged = chosen_config(protocol, variant, seeds[0])  # its iterations: the budget a budget lever multiplies
+    overrides = {cell: cell_overrides(cell, unchanged.iterations) for cell in cells}
+    # Every cell must build, and change something, before any run starts.
+    first_seed = {cell: chosen_config(protocol, variant, seeds[0], overrides[cell]) for cell in cells}
+    for cell in cells:
+        if first_seed[cell].to_json() == unchanged.to_json():
             raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
                              f"{chosen['lr']:g}) unchanged: it measures nothing.")
     references = {} if summary is None else {name: summary["per_seed"][name] for name in (variant, COMPARED_WITH)
@@ -140,12 +137,13 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     for cell in cells:
         runs, nfe = [], []
         for seed in seeds:
-            run, how = train_to_end(config(seed, overrides[cell]), out / "runs" / f"{cell}_seed{seed}")
+            run, how = train_to_end(chosen_config(protocol, variant, seed, overrides[cell]),
+                                    out / "runs" / f"{cell}_seed{seed}")
             runs.append(summarise_run(run.metrics, run.evaluations, protocol["target"], protocol["heldout"]["target"]))
             nfe.append(run.metrics[-1]["nfe_cumulative"])
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
         report["cells"][cell] = {"overrides": overrides[cell], **aggregate_seeds(runs),
-                                 "iterations": config(seeds[0], overrides[cell]).iterations,
+                                 "iterations": first_seed[cell].iterations,
                                  "nfe_per_sample": statistics.mean(nfe), "per_seed": runs,
                                  "over": {name: median_ratios(runs, reference) for name, reference in references.items()}}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")

@@ -193,15 +193,15 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     check_comparison_folder(out)
     if nfe_budget is None:
         iterations = iterations if iterations is not None else (30 if quick else 80)
-        budget = {"budget": [f"iterations={iterations}", "eval.every=10"]}
+        budget_entries = {"budget": [f"iterations={iterations}", "eval.every=10"]}
     else:
-        budget = {"budget": ["eval.every=10"], "nfe_budget": nfe_budget}
-        budget["setting_iterations"] = setting_iterations(nfe_budget, variants, task, learning_rates[0],
+        budget_entries = {"budget": ["eval.every=10"], "nfe_budget": nfe_budget}
+        budget_entries["setting_iterations"] = setting_iterations(nfe_budget, variants, task, learning_rates[0],
                                                           ["eval.every=10", *overrides], pipeline)
 
     def config(variant: str, seed: int, lr: float, control: str):
         """The config of one run: the setting's budget, then the user's overrides."""
-        return build(variant, task, seed, lr, control, [*setting_budget(budget, variant, control), *overrides], pipeline)
+        return build(variant, task, seed, lr, control, [*setting_budget(budget_entries, variant, control), *overrides], pipeline)
 
     for variant in variants:  # every setting must build before any run starts
         for control in VARIANTS[variant].step_controls:
@@ -238,7 +238,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         sweep[variant] = {name: rows[0] for name, rows in sweep_per_seed[variant].items()}  # the first tuning seed's
     several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
-                "reported_seeds": list(range(seeds)), **budget,
+                "reported_seeds": list(range(seeds)), **budget_entries,
                 "overrides": overrides, "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}

@@ -11,7 +11,7 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import build, run_compare, summarise_run
+from vgrpo_lib.benchmarks.compare import build, chosen_config, run_compare, summarise_run
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -81,8 +81,7 @@ def test_a_budget_lever_multiplies_the_comparisons_iterations_and_the_evaluation
         for seed in (0, 1):
             run = RunDir(tmp_path / "runs" / f"{cell}_seed{seed}")
             config = run.train_config()
-            plain = build("vgrpo", protocol["task"], seed, config.optim.lr, protocol["chosen"]["vgrpo"]["step_control"],
-                          [*protocol["budget"], *protocol["overrides"]])
+            plain = chosen_config(protocol, "vgrpo", seed)
             assert config.iterations == 6 and plain.iterations == 3
             assert config.optim.ema_decay == (0.9 if cell.endswith("ema_eval") else None)
             changed = {key for key, value in config.to_dict().items() if plain.to_dict()[key] != value}
