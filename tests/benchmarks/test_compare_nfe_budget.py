@@ -15,7 +15,7 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer, iteration_nfe
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import VARIANTS, chosen_config, run_compare, run_name
+from vgrpo_lib.benchmarks.compare import VARIANTS, chosen_config, run_compare, run_name, runner
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -41,6 +41,23 @@ def test_a_config_whose_cost_changes_as_it_trains_is_refused_by_name():
     config = build_config("vgrpo", "digits8", "official", [*TINY, "vgrpo.adaptive_pairs=share=0.5,max=8,every=2"])
     with pytest.raises(UsageError, match=r"vgrpo with vgrpo\.adaptive_pairs chooses its cost per iteration"):
         iteration_nfe(config)
+
+
+def test_setting_iterations_loads_each_task_once_and_costs_every_setting_as_alone(monkeypatch):
+    """Costing a comparison's settings loads its task and policy once (a hub task can make only one policy, and
+    loading it per setting repeated minutes of work); each setting's iterations are the budget over its own
+    ``iteration_nfe``, as if costed alone."""
+    variants, budget = ("vgrpo", "vgrpo+lean", "diffusion_nft"), 600
+    loads = []
+    original = runner.load_task
+    monkeypatch.setattr(runner, "load_task", lambda *args: loads.append(args[0]) or original(*args))
+    table = runner.setting_iterations(budget, variants, "digits8", 1e-3, TINY, None)
+    assert loads == ["digits8"]
+    for variant in variants:
+        assert set(table[variant]) == set(VARIANTS[variant].step_controls)
+        for control, iterations in table[variant].items():
+            alone = iteration_nfe(runner.build(variant, "digits8", 0, 1e-3, control, TINY, None))
+            assert iterations == budget // alone >= 1
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
