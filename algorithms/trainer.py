@@ -95,18 +95,14 @@ def build_algorithm(config: TrainConfig, task: TaskProtocol, policy: torch.nn.Mo
     return algorithm_class(config, policies, task.sample_shape, rollout_grid(task, config.rollout))
 
 
-def iteration_nfe(config: TrainConfig, task: TaskProtocol | None = None,
-                  policy: torch.nn.Module | None = None) -> int:
+def iteration_nfe(config: TrainConfig) -> int:
     """Model evaluations per sample in one iteration of ``config`` (the sum of
     :meth:`~vgrpo_lib.algorithms.base.Algorithm.nfe`: rollout, prepare, update), read from its algorithm as built for
-    training on its task (no run directory is touched): what a budget in NFE per sample divides by (``vgrpo compare
-    --nfe-budget``). ``task`` and ``policy``, the task ``config`` names already loaded and its policy, spare loading
-    them again when several configs on one task are costed (a hub task makes one policy only); without them both are
-    loaded. Refused by name for a config whose cost changes as it trains
+    training on its task, whose policy is loaded for it (no run directory is touched): what a budget in NFE per
+    sample divides by (``vgrpo compare --nfe-budget``). Refused by name for a config whose cost changes as it trains
     (:attr:`~vgrpo_lib.algorithms.base.Algorithm.nfe_varies_with`: V-GRPO's ``vgrpo.adaptive_pairs``)."""
-    if task is None:
-        task = load_task(config.task, config.model)
-    algorithm = build_algorithm(config, task, task.load_policy() if policy is None else policy)
+    task = load_task(config.task, config.model)
+    algorithm = build_algorithm(config, task, task.load_policy())
     if algorithm.nfe_varies_with is not None:
         raise UsageError(f"{config.algo} with {algorithm.nfe_varies_with} chooses its cost per iteration as it "
                          f"trains: no fixed number of iterations spends a given NFE budget.")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.errors import RunDirExists, RunDirInUse
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, write_uncompressed_text
-from vgrpo_lib.algorithms.tasks import load_task
 from vgrpo_lib.algorithms.trainer import Trainer, iteration_nfe
 from vgrpo_lib.benchmarks.compare.protocol import (
     LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_selection, check_variants,
@@ -132,19 +131,14 @@ def setting_iterations(nfe_budget: int, variants, task: str, lr: float, override
                        pipeline: str | None) -> dict[str, dict[str, int]]:
     """``{variant: {step control: iterations}}``: the most iterations of each setting whose model evaluations per
     sample (:func:`~vgrpo_lib.algorithms.trainer.iteration_nfe`, which the learning rate and the seed do not change)
-    stay within ``nfe_budget``; a budget under one iteration of a setting is refused naming it. Each distinct task
-    (name and model config) and its policy are loaded once and every setting on it is costed on them."""
-    loaded = {}
+    stay within ``nfe_budget``; a budget under one iteration of a setting is refused naming it. Each setting is
+    costed on a task and policy of its own: building an algorithm changes its policy (a hub or MNIST-SD3 task adds
+    the behaviour adapter to the policy's transformer), so one policy cannot be shared between settings."""
     table = {}
     for variant in variants:
         table[variant] = {}
         for control in VARIANTS[variant].step_controls:
-            config = build(variant, task, TUNING_SEED, lr, control, overrides, pipeline)
-            key = (config.task, repr(config.model))
-            if key not in loaded:
-                setting_task = load_task(config.task, config.model)
-                loaded[key] = (setting_task, setting_task.load_policy())
-            per_iteration = iteration_nfe(config, *loaded[key])
+            per_iteration = iteration_nfe(build(variant, task, TUNING_SEED, lr, control, overrides, pipeline))
             if nfe_budget < per_iteration:
                 raise UsageError(f"--nfe-budget {nfe_budget} is under one iteration of {variant} ({control}), "
                                  f"which costs {per_iteration} NFE per sample.")
@@ -204,12 +198,13 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         budget_entries = {"budget": [f"iterations={iterations}", "eval.every=10"]}
     else:
         budget_entries = {"budget": ["eval.every=10"], "nfe_budget": nfe_budget}
-        budget_entries["setting_iterations"] = setting_iterations(nfe_budget, variants, task, learning_rates[0],
-                                                          ["eval.every=10", *overrides], pipeline)
+        budget_entries["setting_iterations"] = setting_iterations(
+            nfe_budget, variants, task, learning_rates[0], ["eval.every=10", *overrides], pipeline)
 
     def config(variant: str, seed: int, lr: float, control: str):
         """The config of one run: the setting's budget, then the user's overrides."""
-        return build(variant, task, seed, lr, control, [*setting_budget(budget_entries, variant, control), *overrides], pipeline)
+        return build(variant, task, seed, lr, control, [*setting_budget(budget_entries, variant, control), *overrides],
+                     pipeline)
 
     for variant in variants:  # every setting must build before any run starts
         for control in VARIANTS[variant].step_controls:

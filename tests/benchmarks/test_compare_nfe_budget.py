@@ -6,18 +6,20 @@ whose iteration is the cheapest, first)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from vgrpo_lib.algorithms.presets import build_config
 from vgrpo_lib.algorithms.registry import ALGORITHM_CLASSES
-from vgrpo_lib.algorithms.run_dir import RunDir
+from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
 from vgrpo_lib.algorithms.trainer import Trainer, iteration_nfe
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
 from vgrpo_lib.benchmarks.compare import VARIANTS, chosen_config, run_compare, run_name, runner
 from vgrpo_lib.errors import UsageError
 
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
 
 
@@ -43,21 +45,17 @@ def test_a_config_whose_cost_changes_as_it_trains_is_refused_by_name():
         iteration_nfe(config)
 
 
-def test_setting_iterations_loads_each_task_once_and_costs_every_setting_as_alone(monkeypatch):
-    """Costing a comparison's settings loads its task and policy once (a hub task can make only one policy, and
-    loading it per setting repeated minutes of work); each setting's iterations are the budget over its own
-    ``iteration_nfe``, as if costed alone."""
-    variants, budget = ("vgrpo", "vgrpo+lean", "diffusion_nft"), 600
-    loads = []
-    original = runner.load_task
-    monkeypatch.setattr(runner, "load_task", lambda *args: loads.append(args[0]) or original(*args))
-    table = runner.setting_iterations(budget, variants, "digits8", 1e-3, TINY, None)
-    assert loads == ["digits8"]
-    for variant in variants:
-        assert set(table[variant]) == set(VARIANTS[variant].step_controls)
-        for control, iterations in table[variant].items():
-            alone = iteration_nfe(runner.build(variant, "digits8", 0, 1e-3, control, TINY, None))
-            assert iterations == budget // alone >= 1
+def test_the_pipeline_comparisons_settings_are_costed_as_its_protocol_recorded():
+    """On MNIST-SD3 (a pipeline whose policy gains a behaviour adapter when an algorithm is built on it) every
+    setting is costed, and the iterations are those the landed equal-compute comparison recorded
+    (results/compare-mnist-sd3-digit-nfe/protocol.json.gz)."""
+    recorded = json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit-nfe" / "protocol.json"))
+    table = runner.setting_iterations(recorded["nfe_budget"], tuple(recorded["setting_iterations"]), recorded["task"],
+                                      recorded["learning_rates"][0], ["eval.every=10", *recorded["overrides"]],
+                                      recorded["pipeline"])
+    assert table == recorded["setting_iterations"] == {
+        "vgrpo+lean": {"one_step": 230, "two_epochs": 153, "paper_soft_clip": 230},
+        "diffusion_nft": {"one_step": 65, "two_epochs": 40, "two_minibatches": 65}}
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
