@@ -11,7 +11,7 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import build, chosen_config, run_compare, summarise_run
+from vgrpo_lib.benchmarks.compare import VARIANTS, build, chosen_config, run_compare, summarise_run
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -141,8 +141,6 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
     """Each lever, on each setting a comparison can choose for V-GRPO or vgrpo+, builds a config that passes every
     check (a lever whose value the setting already has, as k8 on vgrpo+, is refused by run_levers, tested above);
     K chosen from the noise changes every one of them."""
-    from vgrpo_lib.benchmarks.compare import VARIANTS, build
-
     for control in VARIANTS[variant].step_controls:
         plain = build(variant, "digit", 0, 1e-3, control, [])
         built = {lever: build(variant, "digit", 0, 1e-3, control, list(overrides))
