@@ -18,7 +18,9 @@ algorithm (issue 12):
 3. **Selection**: per algorithm the tuning setting with the shortest wall-clock time to the target (else the best
    final reward; over several tuning seeds: the fewest that missed, then the median time, then the mean reward);
    ``select="heldout"`` selects by the held-out target instead (else the best final held-out reward), the check
-   that a training-reward target, biased between rollout samplers, did not decide the choice.
+   that a training-reward target, biased between rollout samplers, did not decide the choice;
+   ``select="heldout-kept"`` selects by the held-out target too but counts a run that ends below it as a miss, so
+   that a learning rate that crosses the target first and then falls back is not chosen.
 4. **Reported runs**: the chosen setting on seeds ``0 .. seeds - 1`` (at least ``MIN_SEEDS``; ``quick`` runs are
    smoke tests and may use fewer).
 5. **Statistics**: medians over seeds of the time (wall-clock and CPU seconds), NFE and gradient steps to the

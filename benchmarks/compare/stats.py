@@ -99,6 +99,7 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
         **heldout, **_exceeds(heldout, _costs_at(final, "heldout_")),
         "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
+        "heldout_target_kept": final["reward_mean"] >= heldout_target,
         "final_accuracy": _defined(final.get("accuracy")),
         "judge_accuracy": _defined(final.get("judge_accuracy")),
         "judge_gap": _defined(final.get("judge_gap")),
@@ -216,10 +217,11 @@ def selection_key(results: dict | list[dict], by: str = "training") -> tuple:
     (a list of rows): fewer seeds that missed the target first, then the earlier median time to it (a miss counts
     as infinite), then the higher mean final reward. For one run: reached first, then earlier, then the higher final
     reward. ``by`` names the target: the protocol selects by ``"training"``; ``"heldout"`` asks which setting the
-    held-out target would have chosen (``python -m vgrpo_lib.benchmarks.analysis.heldout_selection``)."""
+    held-out target would have chosen (``python -m vgrpo_lib.benchmarks.analysis.heldout_selection``);
+    ``"heldout-kept"`` counts a run that reached the held-out target and ended below it as a miss."""
     check_selection(by)
     selection = SELECTIONS[by]
     rows = [results] if isinstance(results, dict) else list(results)
-    times = [row[selection.time_key] for row in rows]
+    times = [None if selection.kept_key and not row[selection.kept_key] else row[selection.time_key] for row in rows]
     return (sum(time is None for time in times), statistics.median(map(_finite, times)),
             -statistics.mean(row[selection.reward_key] for row in rows))

@@ -117,6 +117,16 @@ def _run(rewards: list[float], heldout: list[float]) -> tuple[list[dict], list[d
     return metrics, evaluations
 
 
+
+def test_a_run_keeps_the_held_out_target_when_its_final_evaluation_still_meets_it():
+    """``heldout_target_kept`` (what ``select="heldout-kept"`` reads): the final evaluation at or above the held-out
+    target, whenever the target was first reached; the algorithm's row holds the share of seeds that kept it."""
+    fell_back = summarise_run(*_run([0.1, 0.5, 0.9, 0.9], [0.1, 0.8, 0.6]), target=0.4, heldout_target=0.7)
+    kept = summarise_run(*_run([0.1, 0.5, 0.9, 0.9], [0.1, 0.4, 0.7]), target=0.4, heldout_target=0.7)
+    assert (fell_back["heldout_time_to_target_s"], fell_back["heldout_target_kept"]) == (8.0, False)
+    assert (kept["heldout_time_to_target_s"], kept["heldout_target_kept"]) == (16.0, True)
+    assert aggregate_seeds([fell_back, kept, kept])["heldout_target_kept"] == 2 / 3
+
 def test_a_run_row_holds_what_each_missed_target_exceeds_and_the_algorithm_row_leaves_it_out():
     reached = summarise_run(*_run([0.1, 0.5, 0.9, 0.9], [0.1, 0.4, 0.8]), target=0.4, heldout_target=0.7)
     missed = summarise_run(*_run([0.1, 0.1, 0.2, 0.2], [0.1, 0.2, 0.3]), target=0.4, heldout_target=0.7)

@@ -116,24 +116,27 @@ def test_compare_follows_the_protocol_and_writes_the_documented_summary(tmp_path
 @pytest.mark.slow
 def test_compare_can_select_by_the_held_out_target(tmp_path, capsys):
     """``select="heldout"`` reads the same tuning runs back and chooses each algorithm's setting by the held-out
-    target (else the final held-out reward); the protocol records which target selected, and a bad name is refused
-    before any run starts."""
-    from vgrpo_lib.benchmarks.compare import selection_key
+    target (else the final held-out reward), ``select="heldout-kept"`` by the held-out target reached and still met
+    at the end; the protocol records which target selected, and a bad name is refused before any run starts."""
+    from vgrpo_lib.benchmarks.compare import markdown_table, selection_key
 
     tiny = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
     kwargs = dict(task="digits8", seeds=1, quick=True, variants=("vgrpo", "diffusion_nft"), learning_rates=(1e-3,),
                   overrides=tiny, iterations=3)
     by_training = run_compare(tmp_path, **kwargs)
     by_heldout = run_compare(tmp_path, select="heldout", **kwargs)
-    assert capsys.readouterr().out.count("(read back)") >= 6  # the six tuning runs are not retrained
-    assert (by_training["protocol"]["selection"], by_heldout["protocol"]["selection"]) == ("training", "heldout")
-    assert by_heldout["tuning"] == by_training["tuning"]
-    for summary, by in ((by_training, "training"), (by_heldout, "heldout")):
+    by_kept = run_compare(tmp_path, select="heldout-kept", **kwargs)
+    assert capsys.readouterr().out.count("(read back)") >= 12  # the six tuning runs are not retrained
+    assert [s["protocol"]["selection"] for s in (by_training, by_heldout, by_kept)] == ["training", "heldout",
+                                                                                       "heldout-kept"]
+    assert by_heldout["tuning"] == by_training["tuning"] == by_kept["tuning"]
+    for summary, by in ((by_training, "training"), (by_heldout, "heldout"), (by_kept, "heldout-kept")):
         for variant, settings in summary["tuning"].items():
             best = min(settings, key=lambda name: selection_key(settings[name], by=by))
             chosen = summary["protocol"]["chosen"][variant]
             assert best == f"{chosen['step_control']} lr {chosen['lr']:g}"
-    assert "selected by the held-out target" in (tmp_path / "summary.md").read_text()
+    assert "selected by the held-out target" in markdown_table(by_heldout)
+    assert "selected by the held-out (reached and still met at the end) target" in (tmp_path / "summary.md").read_text()
     with pytest.raises(ValueError, match="select/by='eval'"):
         run_compare(tmp_path / "bad", select="eval", **kwargs)
     assert not (tmp_path / "bad").exists()
