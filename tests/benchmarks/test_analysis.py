@@ -21,6 +21,7 @@ from vgrpo_lib.benchmarks.analysis.geneval_table import geneval_table
 from vgrpo_lib.benchmarks.analysis.gpu_geneval_summary import gpu_geneval_summary
 from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
 from vgrpo_lib.benchmarks.analysis.iteration_budget import iteration_budget
+from vgrpo_lib.benchmarks.analysis.kept_selection import kept_selection
 from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
@@ -33,6 +34,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 REPORTS = {  # committed output: how it is made from the committed raw data
     "first_iteration_rewards.txt": lambda: first_iteration_rewards(RESULTS),
     "heldout_selection.txt": lambda: heldout_selection(RESULTS),
+    "kept_selection.txt": lambda: kept_selection(RESULTS),
     "table_sizes.txt": lambda: table_sizes(RESULTS),
     "toy2d-regime/training_speed.txt": lambda: training_speed(RESULTS / "toy2d-regime", target=0.8),
     "mnist-sd3/phases.txt": lambda: main_job_phases(RESULTS),
@@ -64,6 +66,20 @@ def _touch(path: Path, seconds: float, text: str = "{}") -> None:
     os.utime(path, (seconds, seconds))
 
 
+
+def test_the_kept_selection_report_refuses_a_recorded_choice_its_held_out_key_does_not_make(tmp_path):
+    """A comparison selected by the held-out target whose ``protocol.chosen`` is not what the held-out key picks from
+    its own tuning rows (an edited or mixed summary) is refused naming the file, not reported as if it were."""
+    summary = json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit-nfe" / "summary.json"))
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "summary.json").write_text(json.dumps(summary))
+    assert "compare-mnist-sd3-digit-nfe" not in kept_selection(tmp_path)
+    assert "by heldout one_step lr 0.003" in kept_selection(tmp_path)
+    summary["protocol"]["chosen"]["vgrpo+lean"] = {"step_control": "paper_soft_clip", "lr": 0.001}
+    (tmp_path / "edited" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"edited/summary\.json: vgrpo\+lean's recorded choice .* held-out key's one_step"):
+        kept_selection(tmp_path)
+
 def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
     day = 1_800_000_000  # 2027-01-15 08:00:00 UTC
     for name, start, end in (("vgrpo_one_step_lr0.001_seed100", 0, 60), ("vgrpo_one_step_lr0.001_seed0", 90, 150),
@@ -88,7 +104,8 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 28  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios
+    assert len(names) == 29  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
+    # kept_selection
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
