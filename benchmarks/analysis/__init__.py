@@ -6,7 +6,7 @@ function returning their text, which the test suite runs on the committed raw fi
 output.
 
 Reports on committed raw data (tested): :mod:`.first_iteration_rewards`, :mod:`.heldout_selection`,
-:mod:`.table_sizes`, :mod:`.repeat_check`, :mod:`.gpu_geneval_summary`, :mod:`.cpu_vs_gpu`, :mod:`.main_job_phases`,
+:mod:`.kept_selection`, :mod:`.table_sizes`, :mod:`.repeat_check`, :mod:`.gpu_geneval_summary`, :mod:`.cpu_vs_gpu`, :mod:`.main_job_phases`,
 :mod:`.geneval_table`, :mod:`.training_speed`, :mod:`.iteration_budget`. Reports on the file times of the machine that made the runs (a git checkout resets them, so
 they reproduce only there): :mod:`.protocol_wall_times`, :mod:`.comparison_gaps`. Runs and probes that train or
 sample (minutes to hours on CPU; their logs are the record): :mod:`.ema_check`, :mod:`.gpu_geneval_train_one`,
@@ -17,9 +17,13 @@ sample (minutes to hours on CPU; their logs are the record): :mod:`.ema_check`, 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["RESULTS", "results_parser"]
+from vgrpo_lib.algorithms.run_dir import read_stored_text
+
+__all__ = ["RESULTS", "heldout_comparisons", "results_parser"]
 
 RESULTS = Path("results")  # the repository's results/ folder, from the repository root
 
@@ -29,3 +33,13 @@ def results_parser(doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results/ folder (default: ./results)")
     return parser
+
+
+def heldout_comparisons(results: Path) -> Iterator[tuple[Path, dict]]:
+    """``(path, summary)`` of every comparison in ``results`` (``*/summary.json`` or its compressed copy), in name
+    order, whose summary holds the held-out target and the tuning rows; the others were kept without their runs'
+    evaluations or made before the protocol had them."""
+    for summary_path in sorted({path.parent / "summary.json" for path in results.glob("*/summary.json*")}):
+        summary = json.loads(read_stored_text(summary_path))
+        if "heldout" in summary.get("protocol", {}) and "tuning" in summary:
+            yield summary_path, summary

@@ -11,12 +11,10 @@ reward there. A comparison whose choices all agree would report the same runs un
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from vgrpo_lib.algorithms.run_dir import read_stored_text
-from vgrpo_lib.benchmarks.analysis import results_parser
+from vgrpo_lib.benchmarks.analysis import heldout_comparisons, results_parser
 from vgrpo_lib.benchmarks.compare import selection_key
 
 __all__ = ["heldout_selection", "main"]
@@ -32,11 +30,8 @@ def heldout_selection(results: Path) -> str:
     """The report over every ``results/*/summary.json`` (or ``summary.json.gz``) selected by the training target. A
     recorded choice that is not the training key's is a ValueError naming the file."""
     lines, changed = [], 0
-    for summary_path in sorted({path.parent / "summary.json" for path in results.glob("*/summary.json*")}):
-        summary = json.loads(read_stored_text(summary_path))
-        protocol = summary.get("protocol", {})
-        if "heldout" not in protocol or "tuning" not in summary:
-            continue  # kept without the held-out target (its runs' tables were not kept) or before the protocol
+    for summary_path, summary in heldout_comparisons(results):
+        protocol = summary["protocol"]
         if protocol.get("selection", "training") != "training":
             continue  # a rerun selected by the held-out target (its tuning runs are another folder's)
         lines.append(f"{summary_path.parent.name} (held-out target {protocol['heldout']['target']:.4f})")

@@ -13,13 +13,11 @@ that kept it and the mean final held-out reward. Whether the training target cho
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from vgrpo_lib.algorithms.run_dir import read_stored_text
-from vgrpo_lib.benchmarks.analysis import results_parser
+from vgrpo_lib.benchmarks.analysis import heldout_comparisons, results_parser
 from vgrpo_lib.benchmarks.compare import selection_key
 
 __all__ = ["kept_selection", "main"]
@@ -42,11 +40,8 @@ def kept_selection(results: Path) -> str:
     seed or several; a comparison selected by the held-out target whose recorded choice is not that key's is a
     ValueError naming the file."""
     lines, changed, total = [], 0, 0
-    for summary_path in sorted({path.parent / "summary.json" for path in results.glob("*/summary.json*")}):
-        summary = json.loads(read_stored_text(summary_path))
-        protocol = summary.get("protocol", {})
-        if "heldout" not in protocol or "tuning" not in summary:
-            continue  # kept without the held-out target (its runs' tables were not kept) or before the protocol
+    for summary_path, summary in heldout_comparisons(results):
+        protocol = summary["protocol"]
         target, recorded_by = protocol["heldout"]["target"], protocol.get("selection", "training")
         lines.append(f"{summary_path.parent.name} (selected by {recorded_by}; held-out target {target:.4f})")
         per_seed = summary.get("tuning_per_seed") or {v: {k: [row] for k, row in settings.items()}
