@@ -130,13 +130,14 @@ def _levers(args) -> int:
 
 
 def _levers_arguments(levers: argparse.ArgumentParser) -> None:
-    from vgrpo_lib.benchmarks.levers import BUDGET_LEVERS, LEVERS
+    from vgrpo_lib.benchmarks.levers import BUDGET_LEVERS, DECAY_LEVERS, LEVERS
     levers.add_argument("--comparison", required=True, help="a finished `vgrpo compare` folder (its protocol, "
                                                             "summary and targets)")
     levers.add_argument("--variant", default="vgrpo", help="the comparison's algorithm whose chosen setting is changed")
     levers.add_argument("--levers", nargs="*", default=[],
                         help=f"levers, each alone: {', '.join(LEVERS)}; or a multiple of the comparison's iteration "
-                             f"budget: {', '.join(BUDGET_LEVERS)}")
+                             f"budget: {', '.join(BUDGET_LEVERS)}; or a decay of the chosen learning rate over the "
+                             f"run: {', '.join(DECAY_LEVERS)}")
     levers.add_argument("--combine", nargs="*", default=[], metavar="L1+L2",
                         help="levers together, joined by '+' (e.g. dpmpp_2m_6+ema_eval)")
     levers.add_argument("--out", required=True)

@@ -4,11 +4,12 @@ A lever is a named config switch (:data:`LEVERS`: more pairs, K chosen from the 
 under the ratio clip, a cheaper higher-order rollout, an EMA policy for evaluation) or a multiple of the comparison's
 iteration budget (:data:`BUDGET_LEVERS`: the protocol gives every algorithm the same iterations, so an algorithm whose
 iteration is cheaper stops sooner and a seed that has not reached a target by then counts as a miss; ``budget_x2``
-asks what it does with more of the compute its competitors spent). The study takes one algorithm of a comparison
-(``vgrpo compare``) at the setting the comparison chose for it, adds a lever, and trains it on the comparison's
-reported seeds with the comparison's budget; every run is summarised against the comparison's OWN targets (training
-and held-out: the targets were fixed by its tuning runs, before any lever was seen), so the lever's row reads like the
-comparison's rows::
+asks what it does with more of the compute its competitors spent) or a decay of the chosen learning rate over the
+run (:data:`DECAY_LEVERS`: ``lr_cosine``, for a rate that crosses a target first and falls back; any algorithm's).
+The study takes one algorithm of a comparison (``vgrpo compare``) at the setting the comparison chose for it, adds a
+lever, and trains it on the comparison's reported seeds with the comparison's budget; every run is summarised
+against the comparison's OWN targets (training and held-out: the targets were fixed by its tuning runs, before any
+lever was seen), so the lever's row reads like the comparison's rows::
 
     vgrpo levers --comparison results/protocol-digit-beyond --variant vgrpo --levers k8 two_epochs dpmpp_2m_6 ema_eval \\
         --out results/levers-digit
@@ -32,6 +33,7 @@ them without training anything.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -41,7 +43,7 @@ from vgrpo_lib.benchmarks.compare import (
 )
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["LEVERS", "BUDGET_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
+__all__ = ["LEVERS", "BUDGET_LEVERS", "DECAY_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
 
 # Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
 # V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).
@@ -75,21 +77,37 @@ LEVERS: dict[str, tuple[str, ...]] = {
 # iterations cost 40 x 46 = 1840 NFE per sample; twice V-GRPO's (22 per iteration) 1760 and three times
 # vgrpo+lean's (12) 1440: each at most DiffusionNFT's compute.
 BUDGET_LEVERS: dict[str, int] = {"budget_x2": 2, "budget_x3": 3}
+# Each learning-rate lever as the fraction of the chosen rate it decays to, by a cosine over the cell's iterations
+# (``schedule.lr``; a budget lever in the same cell lengthens the decay with the run): a rate chosen for how soon
+# it crosses the target can settle instead of falling back. At DiffusionNFT's compute on MNIST-SD3 digit the
+# protocol chose vgrpo+lean's one step at lr 3e-3, which crossed the held-out target first on every tuning seed and
+# ended at 0.79, 0.34 and 0.78 (results/compare-mnist-sd3-digit-nfe/).
+DECAY_LEVERS: dict[str, float] = {"lr_cosine": 0.1}
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's
 
 
-def cell_overrides(cell: str, iterations: int) -> list[str]:
+def cell_overrides(cell: str, iterations: int, lr: float) -> list[str]:
     """The overrides of a cell: one lever's, or several levers' joined by ``+`` (applied in that order);
-    ``iterations``: the comparison's iteration budget, which a budget lever multiplies."""
+    ``iterations`` and ``lr``: the comparison's iteration budget, which a budget lever multiplies, and the chosen
+    learning rate, from which a decay lever decays over the cell's iterations."""
     names = cell.split(COMBINE_SEPARATOR)
-    unknown = [name for name in names if name not in LEVERS and name not in BUDGET_LEVERS]
+    known = (*LEVERS, *BUDGET_LEVERS, *DECAY_LEVERS)
+    unknown = [name for name in names if name not in known]
     if unknown or len(set(names)) < len(names):
         raise UsageError(f"Cell {cell!r}: expected distinct levers joined by {COMBINE_SEPARATOR!r} among "
-                         f"{', '.join([*LEVERS, *BUDGET_LEVERS])}; "
+                         f"{', '.join(known)}; "
                          f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'a repeat'}.")
-    return [override for name in names
-            for override in (LEVERS[name] if name in LEVERS else (f"iterations={BUDGET_LEVERS[name] * iterations}",))]
+    total = iterations * math.prod(BUDGET_LEVERS.get(name, 1) for name in names)
+
+    def overrides(name: str) -> tuple[str, ...]:
+        if name in BUDGET_LEVERS:
+            return (f"iterations={total}",)
+        if name in DECAY_LEVERS:
+            return (f"schedule.lr=cosine:end={lr * DECAY_LEVERS[name]:.6g},steps={total}",)
+        return LEVERS[name]
+
+    return [override for name in names for override in overrides(name)]
 
 
 def _read_comparison(comparison: Path, variant: str) -> tuple[dict, dict | None]:
@@ -120,7 +138,7 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     protocol, summary = _read_comparison(comparison, variant)
     chosen, seeds = protocol["chosen"][variant], protocol["reported_seeds"]
     unchanged = chosen_config(protocol, variant, seeds[0])  # its iterations: the budget a budget lever multiplies
-    overrides = {cell: cell_overrides(cell, unchanged.iterations) for cell in cells}
+    overrides = {cell: cell_overrides(cell, unchanged.iterations, unchanged.optim.lr) for cell in cells}
     # Every cell must build, and change something, before any run starts.
     first_seed = {cell: chosen_config(protocol, variant, seeds[0], overrides[cell]) for cell in cells}
     for cell in cells:

@@ -91,6 +91,23 @@ def test_a_budget_lever_multiplies_the_comparisons_iterations_and_the_evaluation
     assert "| budget_x2 | 6 (" in (tmp_path / "levers.md").read_text()
 
 
+
+def test_the_decay_lever_takes_the_chosen_rate_down_by_a_cosine_over_the_cells_iterations(comparison, tmp_path):
+    """lr_cosine: from the chosen rate (1e-3) to a tenth of it over the run, lengthened with a budget lever in the
+    same cell whatever the order; the run's metrics carry the rate of each iteration (the step control's)."""
+    assert levers.cell_overrides("lr_cosine", 230, 3e-3) == ["schedule.lr=cosine:end=0.0003,steps=230"]
+    both = ["iterations=460", "schedule.lr=cosine:end=0.0003,steps=460"]
+    assert levers.cell_overrides("budget_x2+lr_cosine", 230, 3e-3) == both
+    assert levers.cell_overrides("lr_cosine+budget_x2", 230, 3e-3) == both[::-1]
+    report = levers.run_levers(comparison, tmp_path, variant="diffusion_nft", cells=["lr_cosine"])
+    for seed in (0, 1):
+        run = RunDir(tmp_path / "runs" / f"lr_cosine_seed{seed}")
+        assert run.train_config().schedule.lr == "cosine:end=0.0001,steps=3"
+        rates = [row["lr"] for row in run.read_rows("metrics.csv")]
+        expected = [1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * i / 3)) for i in range(3)]
+        assert rates == pytest.approx(expected)
+    assert report["cells"]["lr_cosine"]["overrides"] == ["schedule.lr=cosine:end=0.0001,steps=3"]
+
 def test_levers_start_once_the_settings_are_chosen_and_a_second_command_adds_the_ratios(comparison, tmp_path,
                                                                                        monkeypatch, capsys):
     # A comparison in its reported phase: protocol.json written, no summary yet.
