@@ -37,8 +37,8 @@ def _describe(name: str, rows: list[dict]) -> str:
 
 def kept_selection(results: Path) -> str:
     """The report over every ``results/*/summary.json`` (or ``summary.json.gz``) with a held-out target, one tuning
-    seed or several; a comparison selected by the held-out target whose recorded choice is not that key's is a
-    ValueError naming the file."""
+    seed or several; a comparison selected by either held-out rule whose recorded choice is not that rule's key's is
+    a ValueError naming the file."""
     lines, changed, total = [], 0, 0
     for summary_path, summary in heldout_comparisons(results):
         protocol = summary["protocol"]
@@ -49,12 +49,13 @@ def kept_selection(results: Path) -> str:
         for variant, settings in per_seed.items():
             settings = {name: [{**row, "heldout_target_kept": row["final_eval_reward"] >= target} for row in rows]
                         for name, rows in settings.items()}
-            by_heldout, by_kept = (min(settings, key=lambda name: selection_key(settings[name], by=by))
-                                   for by in ("heldout", KEPT))
+            choice = {by: min(settings, key=lambda name: selection_key(settings[name], by=by))
+                      for by in ("heldout", KEPT)}
+            by_heldout, by_kept = choice["heldout"], choice[KEPT]
             chosen = protocol["chosen"][variant]
-            if recorded_by == "heldout" and by_heldout != f"{chosen['step_control']} lr {chosen['lr']:g}":
-                raise ValueError(f"{summary_path}: {variant}'s recorded choice {chosen} is not the held-out key's "
-                                 f"{by_heldout}")
+            if recorded_by in choice and choice[recorded_by] != f"{chosen['step_control']} lr {chosen['lr']:g}":
+                raise ValueError(f"{summary_path}: {variant}'s recorded choice {chosen} is not the {recorded_by} "
+                                 f"key's {choice[recorded_by]}")
             total += 1
             changed += by_kept != by_heldout
             verdict = "same" if by_kept == by_heldout else "DIFFERENT: " + _describe(by_kept, settings[by_kept])

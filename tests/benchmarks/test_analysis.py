@@ -77,7 +77,17 @@ def test_the_kept_selection_report_refuses_a_recorded_choice_its_held_out_key_do
     assert "by heldout one_step lr 0.003" in kept_selection(tmp_path)
     summary["protocol"]["chosen"]["vgrpo+lean"] = {"step_control": "paper_soft_clip", "lr": 0.001}
     (tmp_path / "edited" / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(ValueError, match=r"edited/summary\.json: vgrpo\+lean's recorded choice .* held-out key's one_step"):
+    with pytest.raises(ValueError, match=r"edited/summary\.json: vgrpo\+lean's recorded choice .* heldout key's one_step"):
+        kept_selection(tmp_path)
+    # A comparison selected by the kept rule is held to that rule's choices (there vgrpo+lean's soft clip at 1e-3, as
+    # set above, and DiffusionNFT's one step at 3e-3).
+    summary["protocol"]["selection"] = "heldout-kept"
+    summary["protocol"]["chosen"]["diffusion_nft"] = {"step_control": "one_step", "lr": 0.003}
+    (tmp_path / "edited" / "summary.json").write_text(json.dumps(summary))
+    assert "(selected by heldout-kept;" in kept_selection(tmp_path)
+    summary["protocol"]["chosen"]["vgrpo+lean"] = {"step_control": "one_step", "lr": 0.003}
+    (tmp_path / "edited" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"recorded choice .* heldout-kept key's paper_soft_clip lr 0\.001"):
         kept_selection(tmp_path)
 
 def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
