@@ -108,6 +108,37 @@ def test_the_decay_lever_takes_the_chosen_rate_down_by_a_cosine_over_the_cells_i
         assert rates == pytest.approx(expected)
     assert report["cells"]["lr_cosine"]["overrides"] == ["schedule.lr=cosine:end=0.0001,steps=3"]
 
+
+def test_a_lever_on_both_sides_of_a_comparison_gives_the_protocols_ratio_of_the_two_cells(comparison, tmp_path,
+                                                                                           capsys):
+    """pair_ratios --cell: the same lever run on two algorithms of one comparison, divided cell by cell with the
+    protocol's bootstrap (median_ratios of their per-seed rows); a missing cell, or levers of comparisons with other
+    targets, are refused by name."""
+    from vgrpo_lib.benchmarks.analysis.pair_ratios import lever_pair_ratios
+    from vgrpo_lib.benchmarks.analysis.pair_ratios import main as pair_ratios_main
+    from vgrpo_lib.benchmarks.compare import HELDOUT_RATIO_KEYS, median_ratios, ratio_cell
+
+    sides = {v: levers.run_levers(comparison, tmp_path / v, variant=v, cells=["lr_cosine", "euler_6"])
+             for v in ("vgrpo", "diffusion_nft")}
+    capsys.readouterr()
+    table = lever_pair_ratios(tmp_path / "vgrpo", tmp_path / "diffusion_nft", "lr_cosine")
+    ratios = median_ratios(*(sides[v]["cells"]["lr_cosine"]["per_seed"] for v in ("vgrpo", "diffusion_nft")))
+    for key in HELDOUT_RATIO_KEYS:
+        assert f"| {key} | " in table and table.split(f"| {key} | ")[1].split("\n")[0].endswith(
+            f"| {ratio_cell(ratios[key])} |")
+    assert "vgrpo lr_cosine's median over diffusion_nft lr_cosine's (2 and 2 seeds" in table
+    assert pair_ratios_main(["--cell", "lr_cosine", str(tmp_path / "vgrpo"), str(tmp_path / "diffusion_nft")]) == 0
+    assert capsys.readouterr().out == table
+    with pytest.raises(UsageError, match="diffusion_nft: no cell 'k8'; it has lr_cosine, euler_6"):
+        lever_pair_ratios(tmp_path / "diffusion_nft", tmp_path / "vgrpo", "k8")
+    other = json.loads((tmp_path / "vgrpo" / "levers.json").read_text()) | {"heldout_target": 0.5}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "levers.json").write_text(json.dumps(other))
+    with pytest.raises(UsageError, match="measure against different targets"):
+        lever_pair_ratios(tmp_path / "other", tmp_path / "diffusion_nft", "lr_cosine")
+    with pytest.raises(SystemExit):
+        pair_ratios_main(["--cell", "lr_cosine", str(tmp_path / "vgrpo")])
+
 def test_levers_start_once_the_settings_are_chosen_and_a_second_command_adds_the_ratios(comparison, tmp_path,
                                                                                        monkeypatch, capsys):
     # A comparison in its reported phase: protocol.json written, no summary yet.
