@@ -43,7 +43,8 @@ from vgrpo_lib.benchmarks.compare import (
 )
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["LEVERS", "BUDGET_LEVERS", "DECAY_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides", "run_levers", "markdown"]
+__all__ = ["LEVERS", "BUDGET_LEVERS", "DECAY_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides",
+           "run_levers", "markdown"]
 
 # Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
 # V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).

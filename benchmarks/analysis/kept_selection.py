@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from vgrpo_lib.benchmarks.analysis import heldout_comparisons, results_parser
-from vgrpo_lib.benchmarks.compare import selection_key
+from vgrpo_lib.benchmarks.compare import HELDOUT_KEPT, keeps_heldout_target, selection_key
 
 __all__ = ["kept_selection", "main"]
 
@@ -30,7 +30,7 @@ def _describe(name: str, rows: list[dict]) -> str:
     reached = [time for time in times if time is not None]
     median = (f"median {statistics.median(times):.1f} s" if len(reached) == len(times) else
               f"{len(reached)}/{len(times)} reached")
-    kept = sum(row["heldout_target_kept"] for row in rows)
+    kept = sum(row[HELDOUT_KEPT] for row in rows)
     return (f"{name} ({median}; kept {kept}/{len(rows)}; final held-out reward "
             f"{statistics.mean(row['final_eval_reward'] for row in rows):.3f})")
 
@@ -47,8 +47,8 @@ def kept_selection(results: Path) -> str:
         per_seed = summary.get("tuning_per_seed") or {v: {k: [row] for k, row in settings.items()}
                                                        for v, settings in summary["tuning"].items()}
         for variant, settings in per_seed.items():
-            settings = {name: [{**row, "heldout_target_kept": row["final_eval_reward"] >= target} for row in rows]
-                        for name, rows in settings.items()}
+            settings = {name: [{**row, HELDOUT_KEPT: keeps_heldout_target(row["final_eval_reward"], target)}
+                               for row in rows] for name, rows in settings.items()}
             choice = {by: min(settings, key=lambda name: selection_key(settings[name], by=by))
                       for by in ("heldout", KEPT)}
             by_heldout, by_kept = choice["heldout"], choice[KEPT]

@@ -38,13 +38,13 @@ def pair_ratios(comparison: Path, numerator: str, denominator: str) -> str:
 
 def lever_pair_ratios(numerator: Path, denominator: Path, cell: str) -> str:
     """The same table for the lever ``cell`` of two ``vgrpo levers`` folders (each its ``levers.json``), each side
-    named by its algorithm and cell; a UsageError names a folder without that cell, or two folders of one
-    comparison's targets that differ (their rows would not be comparable)."""
+    named by its algorithm and cell; a UsageError names a folder without that cell, or two folders whose targets
+    differ (levers of different comparisons: their rows would not be comparable)."""
     reports = [json.loads(read_stored_text(folder / "levers.json")) for folder in (numerator, denominator)]
     for folder, report in zip((numerator, denominator), reports):
         if cell not in report["cells"]:
             raise UsageError(f"{folder}: no cell {cell!r}; it has {', '.join(report['cells'])}.")
-    if {(r["target"], r["heldout_target"]) for r in reports} != {(reports[0]["target"], reports[0]["heldout_target"])}:
+    if len({(r["target"], r["heldout_target"]) for r in reports}) > 1:
         raise UsageError(f"{numerator} and {denominator} measure against different targets; compare levers of one "
                          f"comparison.")
     sides = [(f"{r['variant']} {cell}", r["cells"][cell]["per_seed"], r["cells"][cell]) for r in reports]

@@ -166,7 +166,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
                 tuning_seeds: int = 1, nfe_budget: int | None = None) -> dict:
     """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
     (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
-    names the target that chooses each algorithm's setting (``"training"`` or ``"heldout"``); ``tuning_seeds``
+    names the target that chooses each algorithm's setting (``SELECTIONS``: ``"training"``, ``"heldout"`` or ``"heldout-kept"``); ``tuning_seeds``
     tunes every setting on that many seeds (``TUNING_SEED``, ``TUNING_SEED + 1``, ...) and selects by all of them
     (:func:`selection_key`), where one seed can mis-choose (``docs/results/vgrpo-plus.md``). ``nfe_budget``, in
     place of ``iterations``: every setting gets the compute, not the iterations: as many iterations as its model

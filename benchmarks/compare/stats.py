@@ -15,7 +15,8 @@ __all__ = [
     "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "EXCEEDS_SUFFIX", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
     "TRAINING_RATIO_KEYS", "aggregate_seeds", "heldout_target_rule", "heldout_time_to_target", "median_ratio_interval",
     "median_ratios",
-    "selection_key", "smoothed", "summarise_run", "target_rule", "time_to_target",
+    "HELDOUT_KEPT", "keeps_heldout_target", "selection_key", "smoothed", "summarise_run", "target_rule",
+    "time_to_target",
 ]
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -23,6 +24,7 @@ INTERVAL = 0.9
 DIAGNOSTICS = ("clip_fraction", "clip_fraction_active", "approx_kl_k3", "approx_kl_sq")
 TRAINING_RATIO_KEYS = ("time_to_target_s", "cpu_time_to_target_s", "nfe_to_target")
 HELDOUT_RATIO_KEYS = ("heldout_time_to_target_s", "heldout_nfe_to_target")
+HELDOUT_KEPT = SELECTIONS["heldout-kept"].kept_key  # the summary column: the run ended at or above the held-out target
 
 
 def smoothed(metrics: list[dict]) -> list[float]:
@@ -99,7 +101,7 @@ def summarise_run(metrics: list[dict], evaluations: list[dict], target: float, h
         **heldout, **_exceeds(heldout, _costs_at(final, "heldout_")),
         "final_reward": statistics.mean(tail),
         "final_eval_reward": final["reward_mean"],
-        "heldout_target_kept": final["reward_mean"] >= heldout_target,
+        HELDOUT_KEPT: keeps_heldout_target(final["reward_mean"], heldout_target),
         "final_accuracy": _defined(final.get("accuracy")),
         "judge_accuracy": _defined(final.get("judge_accuracy")),
         "judge_gap": _defined(final.get("judge_gap")),
@@ -125,6 +127,12 @@ def _defined(value: float | None) -> float | None:
     ``eval.per_prompt=1``), so the summary counts it as missing, as it does an absent one, instead of averaging a
     NaN. The headline numbers cannot be NaN (evaluation stops a diverged run), the diagnostics can."""
     return None if value is None or math.isnan(value) else value
+
+
+def keeps_heldout_target(final_eval_reward: float, heldout_target: float) -> bool:
+    """Whether a run's final held-out evaluation is still at or above the held-out target: its row's
+    ``HELDOUT_KEPT`` column, which ``select="heldout-kept"`` reads."""
+    return final_eval_reward >= heldout_target
 
 
 def _finite(value) -> float:
