@@ -41,7 +41,8 @@ def _compare(args) -> int:
         kwargs["learning_rates"] = tuple(args.learning_rates)
     summary = run_compare(args.out, task=args.task, seeds=args.seeds, quick=args.quick, overrides=args.overrides,
                           iterations=args.iterations, pipeline=_pipeline(args.preset), select=args.select,
-                          tuning_seeds=args.tuning_seeds, nfe_budget=args.nfe_budget, **kwargs)
+                          tuning_seeds=args.tuning_seeds, nfe_budget=args.nfe_budget, lr_decay=args.lr_decay,
+                          **kwargs)
     print(open(f"{args.out}/summary.md").read())
     return 0 if summary else 1
 
@@ -88,6 +89,9 @@ def _compare_arguments(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--nfe-budget", type=int, default=None, metavar="N",
                          help="instead of --iterations: the same compute for every setting, N model evaluations per "
                               "sample (each setting's iterations: N over its NFE per iteration, in protocol.json)")
+    compare.add_argument("--lr-decay", type=float, default=None, metavar="F",
+                         help="every setting's learning rate falls by a cosine to F times it over its own "
+                              "iterations, tuning included (default: a constant rate)")
     compare.add_argument("--learning-rates", type=float, nargs="+", default=None, metavar="LR",
                          help="the tuning grid, the same for every algorithm (default: "
                               "vgrpo_lib.benchmarks.compare.LEARNING_RATES, 1e-4 3e-4 1e-3)")

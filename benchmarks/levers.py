@@ -39,7 +39,7 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import atomic_write_text, read_stored_text
 from vgrpo_lib.benchmarks.compare import (
-    aggregate_seeds, chosen_config, median_ratios, ratio_cell, summarise_run, train_to_end,
+    aggregate_seeds, chosen_config, cosine_decay, median_ratios, ratio_cell, summarise_run, train_to_end,
 )
 from vgrpo_lib.errors import UsageError
 
@@ -105,7 +105,7 @@ def cell_overrides(cell: str, iterations: int, lr: float) -> list[str]:
         if name in BUDGET_LEVERS:
             return (f"iterations={total}",)
         if name in DECAY_LEVERS:
-            return (f"schedule.lr=cosine:end={lr * DECAY_LEVERS[name]:.6g},steps={total}",)
+            return (cosine_decay(lr, DECAY_LEVERS[name], total),)
         return LEVERS[name]
 
     return [override for name in names for override in overrides(name)]

@@ -46,8 +46,8 @@ Add an algorithm by adding a :class:`Variant` to ``VARIANTS`` (its step controls
 
 from vgrpo_lib.benchmarks.compare.protocol import (
     DEFAULT_STEP_CONTROLS, FLOW_GRPO_CORE, LEARNING_RATES, MIN_SEEDS, REFERENCE, SELECTIONS, SMOOTHING, TARGET_FRACTION,
-    TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, chosen_config, run_name, setting_budget,
-    variant_preset,
+    TASK_OVERRIDES, TUNING_SEED, VARIANTS, Selection, Variant, build, chosen_config, cosine_decay, run_name,
+    setting_budget, setting_config, variant_preset,
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves, ratio_cell
 from vgrpo_lib.benchmarks.compare.runner import (
@@ -65,10 +65,11 @@ __all__ = [
     "BOOTSTRAP_RESAMPLES", "COMPARISON_ENTRIES", "DEFAULT_STEP_CONTROLS", "DIAGNOSTICS", "FLOW_GRPO_CORE", "HELDOUT_KEPT", "HELDOUT_RATIO_KEYS", "INTERVAL",
     "LEARNING_RATES", "MIN_SEEDS", "POLL_SECONDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
-    "check_comparison_folder", "chosen_config",
+    "check_comparison_folder", "chosen_config", "cosine_decay",
     "finished_run", "heldout_target_rule", "heldout_time_to_target", "keeps_heldout_target", "markdown_table", "median_ratio_interval",
     "median_ratios",
-    "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "setting_budget", "setting_iterations",
+    "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "setting_budget", "setting_config",
+    "setting_iterations",
     "smoothed", "start_or_resume",
     "summarise_run", "target_rule", "time_to_target", "train_stage", "train_to_end", "variant_preset",
 ]

@@ -13,7 +13,8 @@ from vgrpo_lib.errors import UsageError
 __all__ = [
     "DEFAULT_STEP_CONTROLS", "FLOW_GRPO_CORE", "LEARNING_RATES", "MIN_SEEDS", "REFERENCE", "SELECTIONS", "SMOOTHING",
     "TARGET_FRACTION", "TASK_OVERRIDES", "TUNING_SEED", "VARIANTS", "Selection", "Variant", "build", "check_selection",
-    "check_variants", "chosen_config", "run_name", "setting_budget", "variant_preset",
+    "check_lr_decay", "check_variants", "chosen_config", "cosine_decay", "run_name", "setting_budget",
+    "setting_config", "variant_preset",
 ]
 
 TUNING_SEED = 100
@@ -115,13 +116,45 @@ def setting_budget(protocol: dict, variant: str, control: str) -> list[str]:
     return [*protocol["budget"], *([f"iterations={per_setting[control]}"] if control in per_setting else [])]
 
 
+def cosine_decay(lr: float, fraction: float, steps: int) -> str:
+    """The override that decays the learning rate by a cosine from ``lr`` to ``fraction * lr`` over ``steps``
+    iterations (``schedule.lr``, :mod:`vgrpo_lib.algorithms.step_control`)."""
+    return f"schedule.lr=cosine:end={lr * fraction:.6g},steps={steps}"
+
+
+def check_lr_decay(lr_decay: float | None, overrides) -> None:
+    """``lr_decay`` (``vgrpo compare --lr-decay``) is a fraction in [0, 1) and the only learning-rate schedule:
+    anything else is refused naming the argument."""
+    if lr_decay is None:
+        return
+    if not 0 <= lr_decay < 1:
+        raise UsageError(f"--lr-decay is the fraction of each setting's learning rate it decays to, in [0, 1); "
+                         f"got {lr_decay}.")
+    if any(override.startswith("schedule.lr=") for override in overrides):
+        raise UsageError("--lr-decay sets every setting's schedule.lr: give it without a schedule.lr= override.")
+
+
+def setting_config(protocol: dict, variant: str, control: str, seed: int, lr: float, overrides=()) -> TrainConfig:
+    """The config of ``variant``'s setting ``control`` at learning rate ``lr`` on ``seed`` in a comparison's
+    ``protocol`` (its ``protocol.json``, or the part of it fixed before the tuning): the setting's budget
+    (:func:`setting_budget`), the comparison's overrides, then ``overrides``. Where the protocol decays the rate
+    (``lr_decay``), it falls by a cosine to ``lr_decay * lr`` over the run's iterations, those of the config with
+    ``overrides`` (so a lever that lengthens the run lengthens the decay); a schedule in ``overrides`` replaces it."""
+    def config(decay: list[str]) -> TrainConfig:
+        return build(variant, protocol["task"], seed, lr, control,
+                     [*setting_budget(protocol, variant, control), *protocol["overrides"], *decay, *overrides],
+                     protocol["pipeline"])
+
+    if protocol.get("lr_decay") is None:  # protocols before --lr-decay have no key
+        return config([])
+    return config([cosine_decay(lr, protocol["lr_decay"], config([]).iterations)])
+
+
 def chosen_config(protocol: dict, variant: str, seed: int, overrides=()) -> TrainConfig:
-    """The config of ``variant``'s reported run on ``seed`` in a comparison's ``protocol``: the setting it chose,
-    its budget (:func:`setting_budget`) and overrides, then ``overrides``."""
+    """The config of ``variant``'s reported run on ``seed`` in a comparison's ``protocol``: the setting it chose
+    (:func:`setting_config`), then ``overrides``."""
     chosen = protocol["chosen"][variant]
-    return build(variant, protocol["task"], seed, chosen["lr"], chosen["step_control"],
-                 [*setting_budget(protocol, variant, chosen["step_control"]), *protocol["overrides"], *overrides],
-                 protocol["pipeline"])
+    return setting_config(protocol, variant, chosen["step_control"], seed, chosen["lr"], overrides)
 
 
 def run_name(variant: str, control: str, lr: float, seed: int) -> str:

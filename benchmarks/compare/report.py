@@ -29,7 +29,7 @@ def markdown_table(summary: dict) -> str:
     lines = [f"Task `{summary['task']}`, {summary['seeds']} reported seed(s) ({tuned_on}; each "
              f"algorithm's setting selected by the {selected} target). "
              f"Target {p['target']:.4f} = {p['rule']}: base {p['base']:.4f}, ceiling {p['ceiling']:.4f}.", "",
-             *_compute_budget(summary),
+             *_compute_budget(summary), *_lr_decay(p),
              "Medians over seeds (to target; a seed that never reaches it counts as infinite), means otherwise.", "",
              "| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo, row in summary["algorithms"].items():
@@ -53,6 +53,15 @@ def _compute_budget(summary: dict) -> list[str]:
                            for algo, row in summary["algorithms"].items())
     return [f"Equal compute: every setting ran the iterations that fit in {p['nfe_budget']} model evaluations per "
             f"sample; the chosen settings' iterations: {iterations}.", ""]
+
+
+def _lr_decay(protocol: dict) -> list[str]:
+    """Under a decayed learning rate (``vgrpo compare --lr-decay``), the sentence that states it; nothing under a
+    constant rate."""
+    if protocol.get("lr_decay") is None:
+        return []
+    return [f"Decayed rate: every setting's learning rate (the rate in its row) fell by a cosine to "
+            f"{protocol['lr_decay']:g} of it over the setting's iterations.", ""]
 
 
 def ratio_cell(ratio: dict) -> str:

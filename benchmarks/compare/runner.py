@@ -20,8 +20,8 @@ from vgrpo_lib.algorithms.errors import RunDirExists, RunDirInUse
 from vgrpo_lib.algorithms.run_dir import RunDir, atomic_write_text, write_uncompressed_text
 from vgrpo_lib.algorithms.trainer import Trainer, iteration_nfe
 from vgrpo_lib.benchmarks.compare.protocol import (
-    LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_selection, check_variants,
-    run_name, setting_budget,
+    LEARNING_RATES, MIN_SEEDS, REFERENCE, SMOOTHING, TUNING_SEED, VARIANTS, build, check_lr_decay, check_selection,
+    check_variants, run_name, setting_config,
 )
 from vgrpo_lib.benchmarks.compare.report import markdown_table, plot_curves
 from vgrpo_lib.benchmarks.compare.stats import (
@@ -163,7 +163,7 @@ def check_comparison_folder(out: Path) -> None:
 def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS, quick: bool = False,
                 variants=tuple(VARIANTS), learning_rates=LEARNING_RATES, overrides: list[str] | None = None,
                 iterations: int | None = None, pipeline: str | None = None, select: str = "training",
-                tuning_seeds: int = 1, nfe_budget: int | None = None) -> dict:
+                tuning_seeds: int = 1, nfe_budget: int | None = None, lr_decay: float | None = None) -> dict:
     """Tune, fix the target, run the reported seeds and write the summary (see the module doc). ``pipeline``
     (e.g. ``"mnist-sd3"``) runs every variant's preset on that pipeline preset's model and ``task``; ``select``
     names the target that chooses each algorithm's setting (``SELECTIONS``: ``"training"``, ``"heldout"`` or ``"heldout-kept"``); ``tuning_seeds``
@@ -171,7 +171,10 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     (:func:`selection_key`), where one seed can mis-choose (``docs/results/vgrpo-plus.md``). ``nfe_budget``, in
     place of ``iterations``: every setting gets the compute, not the iterations: as many iterations as its model
     evaluations per sample and iteration (:func:`~vgrpo_lib.algorithms.trainer.iteration_nfe`) fit in ``nfe_budget``
-    per sample (:func:`setting_iterations`), so that an algorithm with a cheaper iteration trains longer."""
+    per sample (:func:`setting_iterations`), so that an algorithm with a cheaper iteration trains longer.
+    ``lr_decay``: every setting's learning rate falls by a cosine to that fraction of it over the setting's own
+    iterations (tuning included, so the rate is chosen for the decayed run), in place of a constant rate under
+    which a rate that crosses a target first can fall back by the run's end."""
     check_selection(select)
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}.")
@@ -185,6 +188,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     if iterations is not None and iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {iterations}.")
     overrides = list(overrides or [])
+    check_lr_decay(lr_decay, overrides)
     if nfe_budget is not None and (iterations is not None or any(o.startswith("iterations=") for o in overrides)):
         raise UsageError("--nfe-budget sets each setting's iterations: give it without --iterations or an "
                          "iterations= override.")
@@ -201,10 +205,12 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         budget_entries["setting_iterations"] = setting_iterations(
             nfe_budget, variants, task, learning_rates[0], ["eval.every=10", *overrides], pipeline)
 
+    decay_entry = {} if lr_decay is None else {"lr_decay": lr_decay}  # protocols without a decay as before
+    fixed = {"task": task, "pipeline": pipeline, **budget_entries, "overrides": overrides, **decay_entry}
+
     def config(variant: str, seed: int, lr: float, control: str):
-        """The config of one run: the setting's budget, then the user's overrides."""
-        return build(variant, task, seed, lr, control, [*setting_budget(budget_entries, variant, control), *overrides],
-                     pipeline)
+        """The config of one run: the setting's budget, the user's overrides and the protocol's decay."""
+        return setting_config(fixed, variant, control, seed, lr)
 
     for variant in variants:  # every setting must build before any run starts
         for control in VARIANTS[variant].step_controls:
@@ -242,7 +248,7 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
     several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
     protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
                 "reported_seeds": list(range(seeds)), **budget_entries,
-                "overrides": overrides, "learning_rates": list(learning_rates),
+                "overrides": overrides, **decay_entry, "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
     write_uncompressed_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
