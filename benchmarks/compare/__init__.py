@@ -6,7 +6,8 @@ algorithm (issue 12):
 1. **Tuning** on ``TUNING_SEED`` (or on ``tuning_seeds`` seeds from it), none among the reported seeds. Every
    algorithm gets the same budget: the grid ``LEARNING_RATES`` x its step controls (``Variant.step_controls``, as
    many for each): one gradient step per rollout, two epochs over the rollout (with the algorithm's ratio clip
-   where it has one), and the several-steps setting of its own paper.
+   where it has one), and the several-steps setting of its own paper. The rate is constant over a run, or with
+   ``lr_decay`` falls by a cosine to that fraction of it over each setting's iterations (:func:`setting_config`).
 2. **Target**, by a rule that depends on no algorithm's pilot, fixed after tuning and before any reported run:
    ``base + TARGET_FRACTION * (ceiling - base)``, where ``base`` is the mean first-iteration training reward of
    every tuning run (the base policy's) and ``ceiling`` the best smoothed training reward any tuning run reaches.
