@@ -246,9 +246,8 @@ def run_compare(out: str | Path, *, task: str = "digit", seeds: int = MIN_SEEDS,
         sweep_per_seed[variant] = {f"{control} lr {lr:g}": rows for (control, lr), rows in results.items()}
         sweep[variant] = {name: rows[0] for name, rows in sweep_per_seed[variant].items()}  # the first tuning seed's
     several = {"tuning_seeds": tuning_seed_list} if tuning_seeds > 1 else {}  # one seed: the protocol as before
-    protocol = {"task": task, "pipeline": pipeline, "tuning_seed": TUNING_SEED, **several,
-                "reported_seeds": list(range(seeds)), **budget_entries,
-                "overrides": overrides, **decay_entry, "learning_rates": list(learning_rates),
+    protocol = {**fixed, "tuning_seed": TUNING_SEED, **several, "reported_seeds": list(range(seeds)),
+                "learning_rates": list(learning_rates),
                 "step_controls": {v: VARIANTS[v].step_controls for v in variants}, **target, "heldout": heldout,
                 "selection": select, "chosen": {v: {"step_control": c, "lr": lr} for v, (c, lr) in chosen.items()}}
     write_uncompressed_text(out / "protocol.json", json.dumps(protocol, indent=2) + "\n")  # fixed before the reported runs
