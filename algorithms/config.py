@@ -221,7 +221,7 @@ class ScheduleConfig(Section):
         None, help="GARDO's reference reset, kl=K,every=N (either or both): the reference of <algo>.ref_kl_coef's KL "
                    "(which must be set) becomes a copy of the policy after an iteration whose mean ref_kl exceeds K, or "
                    "once more than N iterations passed since the last reset (official kl_thres 3e-4, reset_freq 15). "
-                   "Needs a reference held as a copy (the testbed's). None: the base throughout.",
+                   "On the testbed the reference is a copy; on a LoRA model a frozen adapter. None: the base throughout.",
     )
 
     def check(self, config: TrainConfig) -> None:

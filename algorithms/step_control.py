@@ -13,7 +13,9 @@ A schedule is written ``NAME`` or ``NAME:key=value,...`` and starts from the con
   (:class:`vgrpo_lib.control.Warmup`).
 
 ``schedule.reference_reset`` (``kl=K,every=N``) is GARDO's reset of the reference of the KL to the base policy
-(:class:`ReferenceReset`): not a value but an event, decided from the KL each iteration measured.
+(:class:`ReferenceReset`): not a value but an event, decided from the KL each iteration measured. It resets a
+reference held as a separate copy of the parameters (the testbed's: :class:`CopiedReference`) or one that resets
+itself (:class:`ResettableReference`: a LoRA model's, a frozen adapter).
 ``vgrpo.adaptive_pairs`` (``share=S,max=K,every=N,smoothing=B``) chooses V-GRPO's number of pairs from the noise each
 measurement finds (:func:`parse_adaptive_pairs`, :class:`vgrpo_lib.control.PairCountController`).
 
@@ -26,8 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
 from vgrpo_lib.control import (
     AdaptiveKLController, Constant, Cosine, Linear, PairCountController, Piecewise, Warmup, set_learning_rate,
@@ -36,8 +40,8 @@ from vgrpo_lib.rules import NON_NEGATIVE, Rule
 from vgrpo_lib.errors import UsageError
 
 __all__ = [
-    "ReferenceReset", "SCHEDULED_LR", "SCHEDULES", "StepControl", "parse_adaptive_pairs", "parse_fields",
-    "parse_reference_reset", "parse_schedule",
+    "CopiedReference", "ReferenceReset", "ResettableReference", "SCHEDULED_LR", "SCHEDULES", "StepControl",
+    "parse_adaptive_pairs", "parse_fields", "parse_reference_reset", "parse_schedule", "resettable_reference",
 ]
 
 SCHEDULED_LR = NON_NEGATIVE
@@ -126,6 +130,66 @@ class ReferenceReset:
         return reset
 
 
+@runtime_checkable
+class ResettableReference(Protocol):
+    """A reference policy that resets itself to the trained policy, where it is not a separate copy of the
+    parameters: a LoRA model's (:class:`vgrpo_lib.integrations.diffusers_adapters.AdapterReference`, a frozen
+    adapter). A task's ``reference_policy`` may return one; the trainer calls :meth:`hold_resets` before the policy is
+    wrapped or sharded when ``schedule.reference_reset`` is set."""
+
+    def hold_resets(self) -> None:
+        """Prepare what resets copy into, before the policy is wrapped or sharded; a second call does nothing."""
+
+    def reset_(self) -> None:
+        """The reference becomes the trained policy as it is now."""
+
+    def state_dict(self) -> dict:
+        """What a resume needs of the reference (empty while it is the base)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class CopiedReference:
+    """A reference held as a separate copy of the trained policy's parameters (the testbed's): a reset copies them
+    over. A UsageError (naming ``schedule.reference_reset``) unless ``reference`` is such a copy."""
+
+    def __init__(self, reference: object, trained: nn.Module):
+        pairs = list(zip(reference.parameters(), trained.parameters())) if isinstance(reference, nn.Module) else []
+        shared = {p.data_ptr() for p in trained.parameters()}
+        if (not pairs or len(pairs) != len(list(trained.parameters()))
+                or any(r.shape != t.shape or r.data_ptr() in shared for r, t in pairs)):
+            raise UsageError("schedule.reference_reset copies the trained policy into the reference of the KL, which "
+                             "must be a separate copy of its parameters (the testbed's) or reset itself (a LoRA "
+                             "model's frozen adapter: ResettableReference); this task's reference is neither.")
+        self.pairs = pairs
+
+    @torch.no_grad()
+    def reset_(self) -> None:
+        """The reference's parameters become the trained policy's."""
+        for reference, trained in self.pairs:
+            reference.copy_(trained)
+
+    def state_dict(self) -> list[torch.Tensor]:
+        """A copy of the reference's parameters, in the trained policy's order."""
+        return [reference.detach().clone() for reference, _ in self.pairs]
+
+    @torch.no_grad()
+    def load_state_dict(self, state: list[torch.Tensor]) -> None:
+        """Restore :meth:`state_dict`."""
+        for (reference, _), saved in zip(self.pairs, state):
+            reference.copy_(saved)
+
+
+def resettable_reference(loss_module) -> ResettableReference | CopiedReference:
+    """The reference of ``loss_module``'s KL as something :class:`StepControl` can reset (see the two classes)."""
+    reference = getattr(loss_module, "ref_model", None)
+    if isinstance(reference, ResettableReference):
+        reference.hold_resets()  # done already where the trainer built it (before sharding); idempotent
+        return reference
+    return CopiedReference(reference, loss_module.model)
+
+
 def parse_fields(spec: str, key: str, parsers: dict[str, Callable[[str], object]], form: str) -> dict[str, object]:
     """The ``name=value,...`` fields of ``spec`` (each name one of ``parsers``, parsed by it); errors name ``key``
     and say what it takes (``form``)."""
@@ -187,8 +251,8 @@ class StepControl:
     a scalar buffer that ``loss_module`` declares in its ``_schedulable_rules`` (``clip_range``, ``ref_kl_coef``,
     ``behaviour_kl_coef``), checked over the whole schedule by the rule declared there. ``reference_reset`` (its
     start unused) resets ``loss_module.ref_model`` to the trained ``loss_module.model`` (:class:`ReferenceReset`),
-    which needs the reference held as a separate copy of the same parameters (the testbed's; a hub model's reference
-    is its base with the adapters switched off, which cannot be reset).
+    which needs the reference held as a separate copy of the same parameters (the testbed's) or one that resets itself
+    (a LoRA model's frozen adapter, prepared by :meth:`ResettableReference.hold_resets`).
     """
 
     def __init__(self, targets: dict[str, tuple[float, str]], loss_module, optimizer: torch.optim.Optimizer):
@@ -196,8 +260,8 @@ class StepControl:
         targets = dict(targets)
         reset = targets.pop("reference_reset", None)
         self.reference_reset = None if reset is None else parse_reference_reset(reset[1], "schedule.reference_reset")
-        if self.reference_reset is not None:
-            self._reference_pairs()  # refused here, before the run, where the reference is not a separate copy
+        # Refused here, before the run, where the reference can be neither copied over nor reset.
+        self.reference = None if self.reference_reset is None else resettable_reference(loss_module)
         rules = {"lr": SCHEDULED_LR, **getattr(type(loss_module), "_schedulable_rules", {})}
         for name in targets:
             if name not in rules or (name != "lr" and getattr(loss_module, name) is None):
@@ -233,20 +297,7 @@ class StepControl:
             if isinstance(schedule, AdaptiveKLController):
                 schedule.update(metrics[name.removesuffix("_coef")])
         if self.reference_reset is not None and self.reference_reset.due(metrics["ref_kl"]):
-            with torch.no_grad():
-                for reference, trained in self._reference_pairs():
-                    reference.copy_(trained)
-
-    def _reference_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(reference, trained) parameter pairs; a UsageError unless the reference is a separate copy."""
-        reference, trained = getattr(self.loss_module, "ref_model", None), self.loss_module.model
-        pairs = list(zip(reference.parameters(), trained.parameters())) if isinstance(reference, torch.nn.Module) else []
-        shared = {p.data_ptr() for p in trained.parameters()}
-        if (not pairs or len(pairs) != len(list(trained.parameters()))
-                or any(r.shape != t.shape or r.data_ptr() in shared for r, t in pairs)):
-            raise UsageError("schedule.reference_reset copies the trained policy into the reference of the KL, which "
-                             "must be a separate copy of its parameters (the testbed's); this task's reference is not.")
-        return pairs
+            self.reference.reset_()
 
     def state_dict(self) -> dict:
         """The adaptive coefficients' values (schedules are functions of the iteration: nothing else to save) and,
@@ -254,8 +305,8 @@ class StepControl:
         state = {name: s.state_dict() for name, s in self.schedules.items() if isinstance(s, AdaptiveKLController)}
         reset = self.reference_reset
         if reset is not None:
-            weights = [r.detach().clone() for r, _ in self._reference_pairs()] if reset.resets else []
-            state["reference_reset"] = {"since": reset.since, "resets": reset.resets, "reference": weights}
+            saved = self.reference.state_dict() if reset.resets else []  # the base needs nothing saved
+            state["reference_reset"] = {"since": reset.since, "resets": reset.resets, "reference": saved}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -263,8 +314,7 @@ class StepControl:
         for name, value in state.items():
             if name == "reference_reset":
                 self.reference_reset.since, self.reference_reset.resets = value["since"], value["resets"]
-                with torch.no_grad():
-                    for (reference, _), saved in zip(self._reference_pairs(), value["reference"]):
-                        reference.copy_(saved)
+                if value["resets"]:
+                    self.reference.load_state_dict(value["reference"])
             else:
                 self.schedules[name].load_state_dict(value)

@@ -18,6 +18,7 @@ from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import UsageError
 from vgrpo_lib.algorithms.policies import Policies, make_behaviour
 from vgrpo_lib.algorithms.tasks import repeat_each
+from vgrpo_lib.algorithms.step_control import ResettableReference
 from vgrpo_lib.integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
 
 __all__ = ["check_split", "build_policies", "local_prompts"]
@@ -42,6 +43,8 @@ def build_policies(task, policy: nn.Module, algorithm_class, config: TrainConfig
     constructor is a collective; FSDP2 shards ``policy`` in place, so an optimizer built afterwards holds the local
     shards), the frozen reference and behaviour versions made from the unwrapped policy, then sharded with it."""
     reference = task.reference_policy(policy) if algorithm_class.needs_reference(config) else None
+    if config.schedule.reference_reset is not None and isinstance(reference, ResettableReference):
+        reference.hold_resets()  # a LoRA reference's adapter, added before FSDP2 shards the transformer with it
     behaviour = make_behaviour(task, policy) if algorithm_class.needs_behaviour(config) else None
     strategy = config.distributed.strategy
     policies = Policies(wrap_model(policy, strategy), shard_frozen(reference, strategy), behaviour,

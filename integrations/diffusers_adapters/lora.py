@@ -8,7 +8,8 @@ share the frozen base weights:
   second, frozen adapter ("old") that receives copies / EMA updates of the trained one
   (`copy_adapter`, `ema_adapter`);
 - the reference policy (the pretrained model, for KL-to-reference terms): the same network with
-  all adapters disabled.
+  all adapters disabled; with GARDO's reference reset, after the first reset, a third frozen adapter
+  ("reference") holding the trained one's weights at the last reset (`AdapterReference`).
 
 The adapters live inside the transformer (peft via diffusers' `add_adapter`), so switching between
 the policies switches which adapter is active. `AdapterView` does that switch around each call,
@@ -31,13 +32,15 @@ from torch import nn
 from vgrpo_lib.extras import needs_extra
 
 __all__ = [
-    "TRAINED_ADAPTER", "BEHAVIOUR_ADAPTER", "ATTENTION_TARGET_MODULES", "add_lora", "add_behaviour_adapter",
-    "lora_parameters", "ema_adapter", "copy_adapter", "upcast_trainable_parameters", "adapters_disabled",
-    "adapter_active", "reference_policy", "behaviour_policy", "AdapterView", "AdapterBehaviour",
+    "TRAINED_ADAPTER", "BEHAVIOUR_ADAPTER", "REFERENCE_ADAPTER", "ATTENTION_TARGET_MODULES", "add_lora",
+    "add_adapter_copy", "add_behaviour_adapter", "lora_parameters", "ema_adapter", "copy_adapter",
+    "upcast_trainable_parameters", "adapters_disabled", "adapter_active", "reference_policy", "behaviour_policy",
+    "AdapterView", "AdapterBehaviour", "AdapterReference", "adapter_state", "load_adapter_state",
 ]
 
 TRAINED_ADAPTER = "default"
 BEHAVIOUR_ADAPTER = "old"
+REFERENCE_ADAPTER = "reference"
 
 # The attention projections of the joint (image + text) blocks of SD3 and FLUX, as in Flow-GRPO's
 # SD3 LoRA; FLUX's single-stream blocks match to_q/to_k/to_v too.
@@ -75,11 +78,11 @@ def add_lora(transformer: nn.Module, r: int = 32, alpha: int = 64,
         param.requires_grad_(f".{adapter_name}." in name and "lora_" in name)
 
 
-def add_behaviour_adapter(transformer: nn.Module, source: str = TRAINED_ADAPTER, name: str = BEHAVIOUR_ADAPTER) -> None:
-    """Add a frozen second adapter with the same config as `source`, initialised as a copy of it.
+def add_adapter_copy(transformer: nn.Module, name: str, source: str = TRAINED_ADAPTER) -> None:
+    """Add a frozen adapter ``name`` with the same config as ``source``, initialised as a copy of it.
 
-    This is the behaviour (old) policy. diffusers activates a newly added adapter; `source` is
-    re-activated here, so the trained policy stays the active one.
+    diffusers activates a newly added adapter; ``source`` is re-activated here, so the trained policy stays the
+    active one.
     """
     config = transformer.peft_config[source]
     with warnings.catch_warnings():  # peft warns that the model now has several adapters: that is the point
@@ -87,6 +90,11 @@ def add_behaviour_adapter(transformer: nn.Module, source: str = TRAINED_ADAPTER,
         transformer.add_adapter(config.__class__(**config.to_dict()), adapter_name=name)
     transformer.set_adapter(source)
     copy_adapter(transformer, source, name)
+
+
+def add_behaviour_adapter(transformer: nn.Module, source: str = TRAINED_ADAPTER, name: str = BEHAVIOUR_ADAPTER) -> None:
+    """The behaviour (old) policy's adapter: :func:`add_adapter_copy` of ``source`` named ``name``."""
+    add_adapter_copy(transformer, name, source)
 
 
 def lora_parameters(transformer: nn.Module, adapter_name: str = TRAINED_ADAPTER) -> dict[str, nn.Parameter]:
@@ -215,13 +223,70 @@ class AdapterBehaviour(AdapterView):
         """Nothing to do: the adapter lives (and is sharded) inside the trained model."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone() for name, p in lora_parameters(self.model.transformer, BEHAVIOUR_ADAPTER).items()}
+        return adapter_state(self.model.transformer, BEHAVIOUR_ADAPTER)
 
-    @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        params = lora_parameters(self.model.transformer, BEHAVIOUR_ADAPTER)
-        if state.keys() != params.keys():
-            missing, unexpected = sorted(params.keys() - state.keys()), sorted(state.keys() - params.keys())
-            raise KeyError(f"behaviour adapter state does not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        for name, param in params.items():
-            param.copy_(state[name])
+        load_adapter_state(self.model.transformer, BEHAVIOUR_ADAPTER, state, "behaviour adapter")
+
+
+class AdapterReference(AdapterView):
+    """The reference policy of a LoRA-trained transformer, resettable as GARDO resets it: the pretrained model
+    (adapters off) until the first :meth:`reset_`, then a frozen third adapter ``"reference"`` holding the trained
+    adapter's weights at the last reset (as the official code keeps its reference in an adapter: tinnerhrhe/GARDO,
+    scripts/train_sd3_grpo_gardo.py, ``main``). No second transformer either way.
+
+    :meth:`hold_resets` adds that adapter; call it before the model is wrapped or sharded (the trainer does, when
+    ``schedule.reference_reset`` is set), so that the adapter is sharded with the transformer as the behaviour
+    adapter is. Until then the view is the plain adapters-off reference.
+
+    Args:
+        model: the trained policy (a velocity adapter whose ``transformer`` carries the trained adapter).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model, None)
+
+    @property
+    def holds_resets(self) -> bool:
+        """Whether the adapter that resets copy into exists (:meth:`hold_resets` was called)."""
+        return REFERENCE_ADAPTER in self.model.transformer.peft_config
+
+    def hold_resets(self) -> None:
+        """Add the frozen ``"reference"`` adapter (a copy of the trained one, unused until the first reset)."""
+        if not self.holds_resets:
+            add_adapter_copy(self.model.transformer, REFERENCE_ADAPTER)
+
+    def reset_(self) -> None:
+        """The reference becomes the trained policy as it is now."""
+        if not self.holds_resets:
+            raise RuntimeError("AdapterReference.reset_ before hold_resets: the reference adapter does not exist")
+        copy_adapter(self.model.transformer, TRAINED_ADAPTER, REFERENCE_ADAPTER)
+        self.adapter_name = REFERENCE_ADAPTER
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The reference adapter's LoRA weights once reset; empty while the reference is the pretrained model."""
+        return {} if self.adapter_name is None else adapter_state(self.model.transformer, REFERENCE_ADAPTER)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict`: a non-empty state makes the reference that adapter again."""
+        if state:
+            self.hold_resets()
+            load_adapter_state(self.model.transformer, REFERENCE_ADAPTER, state, "reference adapter")
+            self.adapter_name = REFERENCE_ADAPTER
+
+
+def adapter_state(transformer: nn.Module, adapter_name: str) -> dict[str, torch.Tensor]:
+    """A copy of one adapter's LoRA weights, keyed as :func:`lora_parameters` keys them."""
+    return {name: p.detach().clone() for name, p in lora_parameters(transformer, adapter_name).items()}
+
+
+@torch.no_grad()
+def load_adapter_state(transformer: nn.Module, adapter_name: str, state: dict[str, torch.Tensor], what: str) -> None:
+    """Copy :func:`adapter_state`'s ``state`` into the adapter ``adapter_name``; a KeyError naming ``what`` when
+    the keys differ."""
+    params = lora_parameters(transformer, adapter_name)
+    if state.keys() != params.keys():
+        missing, unexpected = sorted(params.keys() - state.keys()), sorted(state.keys() - params.keys())
+        raise KeyError(f"{what} state does not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, param in params.items():
+        param.copy_(state[name])

@@ -23,7 +23,9 @@ What is trained and saved. Only the LoRA parameters of the adapter ``"default"``
 ``policy.state_dict()`` holds only them (a few MB to ~100 MB instead of the 5 GB SD3.5-M / 24 GB FLUX
 transformer), so the trainer's checkpoints stay small; ``load_state_dict`` loads them back and still
 reports missing or unexpected LoRA keys. The reference policy is the same transformer with its adapters
-switched off (:class:`vgrpo_lib.integrations.diffusers_adapters.AdapterView`), not a copy.
+switched off (:class:`vgrpo_lib.integrations.diffusers_adapters.AdapterReference`), not a copy; with GARDO's
+reference reset (``schedule.reference_reset``) a third frozen adapter ``"reference"`` that each reset copies the
+trained one into.
 
 Known costs and differences (documented, not hidden):
 
@@ -53,7 +55,7 @@ from torch import nn
 from vgrpo_lib.extras import needs_extra
 from vgrpo_lib.integrations.diffusers_adapters.checkpointing import enable_block_checkpointing
 from vgrpo_lib.integrations.diffusers_adapters.lora import (
-    TRAINED_ADAPTER, AdapterBehaviour, AdapterView, add_lora, upcast_trainable_parameters,
+    TRAINED_ADAPTER, AdapterBehaviour, AdapterReference, add_lora, upcast_trainable_parameters,
 )
 from vgrpo_lib.integrations.diffusers_adapters.presets import (
     FLUX1_DEV, FLUX2_DEV, FLUX2_KLEIN, QWEN_IMAGE, SD35_MEDIUM, DiffusersPolicy, absent_components, load_policy,
@@ -426,9 +428,10 @@ class DiffusersTask:
         self._policy = LoRAPolicy(self.base.model)
         return self._policy
 
-    def reference_policy(self, policy: LoRAPolicy) -> AdapterView:
-        """The pretrained model: ``policy`` with its adapters switched off for each call (no copy)."""
-        return AdapterView(policy, None)
+    def reference_policy(self, policy: LoRAPolicy) -> AdapterReference:
+        """The pretrained model: ``policy`` with its adapters switched off for each call (no copy); with GARDO's
+        reference reset, a frozen adapter of it that each reset copies the trained one into."""
+        return AdapterReference(policy)
 
     def behaviour_policy(self, policy: LoRAPolicy) -> AdapterBehaviour:
         """A soft-updated old policy: a frozen second adapter of ``policy``'s transformer, starting as a copy of
