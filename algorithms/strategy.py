@@ -17,8 +17,8 @@ from vgrpo_lib.algorithms.autotune import AUTO, KEYS
 from vgrpo_lib.algorithms.config import TrainConfig
 from vgrpo_lib.algorithms.errors import UsageError
 from vgrpo_lib.algorithms.policies import Policies, make_behaviour
-from vgrpo_lib.algorithms.tasks import repeat_each
 from vgrpo_lib.algorithms.step_control import ResettableReference
+from vgrpo_lib.algorithms.tasks import repeat_each
 from vgrpo_lib.integrations.distributed import Shard, shard_frozen, shard_groups, wrap_model
 
 __all__ = ["check_split", "build_policies", "local_prompts"]

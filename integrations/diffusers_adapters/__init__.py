@@ -26,8 +26,8 @@ from .flux2 import (FLUX2_LORA_TARGET_MODULES, Flux2Velocity, decode_flux2, enco
                     flux2_empirical_mu, flux2_sigma_grid)
 from .latents import decode_latents, latent_channel_statistics, latent_shape, vae_scale_factor
 from .lora import (ATTENTION_TARGET_MODULES, AdapterReference, AdapterView, adapter_active, adapters_disabled,
-                   add_adapter_copy, add_behaviour_adapter, add_lora, behaviour_policy, copy_adapter, ema_adapter, lora_parameters, reference_policy,
-                   upcast_trainable_parameters)
+                   add_adapter_copy, add_behaviour_adapter, add_lora, behaviour_policy, copy_adapter, ema_adapter,
+                   lora_parameters, reference_policy, upcast_trainable_parameters)
 from .presets import (FAMILIES, FLUX1_DEV, FLUX2_DEV, FLUX2_KLEIN, QWEN_IMAGE, SD35_MEDIUM, DiffusersPolicy, PipelineFamily,
                       load_flux_dev, load_policy, load_sd35_medium)
 from .qwen_image import (QWEN_IMAGE_LORA_TARGET_MODULES, QwenImageVelocity, decode_qwen_image, encode_images_qwen_image,

@@ -258,8 +258,7 @@ class AdapterReference(AdapterView):
 
     def reset_(self) -> None:
         """The reference becomes the trained policy as it is now."""
-        if not self.holds_resets:
-            raise RuntimeError("AdapterReference.reset_ before hold_resets: the reference adapter does not exist")
+        self._require_held("reset_")
         copy_adapter(self.model.transformer, TRAINED_ADAPTER, REFERENCE_ADAPTER)
         self.adapter_name = REFERENCE_ADAPTER
 
@@ -270,9 +269,14 @@ class AdapterReference(AdapterView):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict`: a non-empty state makes the reference that adapter again."""
         if state:
-            self.hold_resets()
+            self._require_held("load_state_dict")
             load_adapter_state(self.model.transformer, REFERENCE_ADAPTER, state, "reference adapter")
             self.adapter_name = REFERENCE_ADAPTER
+
+    def _require_held(self, method: str) -> None:
+        """A RuntimeError unless :meth:`hold_resets` added the adapter (the one place it is added: before sharding)."""
+        if not self.holds_resets:
+            raise RuntimeError(f"AdapterReference.{method} before hold_resets: the reference adapter does not exist")
 
 
 def adapter_state(transformer: nn.Module, adapter_name: str) -> dict[str, torch.Tensor]:

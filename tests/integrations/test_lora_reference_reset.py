@@ -82,6 +82,9 @@ def test_the_reference_adapter_refuses_a_reset_before_it_exists_and_a_state_of_o
     reference = trainer.algorithm.loss_module.ref_model
     with pytest.raises(RuntimeError, match="reset_ before hold_resets"):
         reference.reset_()
+    with pytest.raises(RuntimeError, match="load_state_dict before hold_resets"):  # added in one place only
+        reference.load_state_dict({"unused": torch.zeros(1)})
+    assert set(trainer.policy.transformer.peft_config) == {"default"}
     reference.hold_resets()
     reference.hold_resets()  # a second call adds nothing
     assert set(trainer.policy.transformer.peft_config) == {"default", "reference"}
