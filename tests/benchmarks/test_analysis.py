@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import pkgutil
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
 from vgrpo_lib.benchmarks.analysis.repeat_check import repeat_check
+from vgrpo_lib.benchmarks.analysis.sampler_gap import sampler_gap
 from vgrpo_lib.benchmarks.analysis.table_sizes import table_sizes
 from vgrpo_lib.benchmarks.analysis.training_speed import training_speed
 
@@ -42,6 +44,8 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "gpu-run/cpu_vs_gpu.txt": lambda: cpu_vs_gpu(RESULTS),
     "gpu-geneval/summary.txt": lambda: gpu_geneval_summary(RESULTS),
     "iteration-budget/budget.txt": lambda: iteration_budget(RESULTS),
+    "sampler-gap-mnist-sd3-digit/gap.md": lambda: sampler_gap(
+        RESULTS / "sampler-gap-mnist-sd3-digit", RESULTS / "compare-mnist-sd3-digit-nfe-decay"),
     "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
         RESULTS / "compare-mnist-sd3-digit-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit/summary.json"))),
     "compare-mnist-sd3-ocr-heldout/repeat_check.txt": lambda: repeat_check(
@@ -90,6 +94,30 @@ def test_the_kept_selection_report_refuses_a_recorded_choice_its_held_out_key_do
     with pytest.raises(ValueError, match=r"recorded choice .* heldout-kept key's paper_soft_clip lr 0\.001"):
         kept_selection(tmp_path)
 
+def test_the_sampler_gap_refuses_runs_it_cannot_pair(tmp_path):
+    """The sampler study pairs two runs per seed that trained alike: a seed with one run, a run of another name or
+    two runs of different lengths are refused naming the problem; runs whose training differs are reported unpaired,
+    not read as paired."""
+    kept = RESULTS / "sampler-gap-mnist-sd3-digit" / "runs"
+    comparison = RESULTS / "compare-mnist-sd3-digit-nfe-decay"
+    study = tmp_path / "study"
+    shutil.copytree(kept / "eval6_seed0", study / "runs" / "eval6_seed0")
+    with pytest.raises(ValueError, match="seed 0 has 1 runs, not one per sampler"):
+        sampler_gap(study, comparison)
+    shutil.copytree(kept / "eval20_seed1", study / "runs" / "eval20_seed0")  # another seed's training
+    assert "Training identical in both runs (each iteration's reward_mean and loss_objective): NO" in \
+        sampler_gap(study, comparison)
+    shutil.copytree(kept / "eval20_seed0", study / "runs" / "seed0_eval20")
+    with pytest.raises(ValueError, match="seed0_eval20: not a run of this study"):
+        sampler_gap(study, comparison)
+    shutil.rmtree(study / "runs" / "seed0_eval20")
+    metrics = RunDir(study / "runs" / "eval20_seed0").read_rows("metrics.csv")
+    (study / "runs" / "eval20_seed0" / "metrics.csv.gz").unlink()
+    RunDir(study / "runs" / "eval20_seed0").write_rows("metrics.csv", metrics[:-1])
+    with pytest.raises(ValueError, match="seed 0: the two runs trained 153 and 152 iterations"):
+        sampler_gap(study, comparison)
+
+
 def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
     day = 1_800_000_000  # 2027-01-15 08:00:00 UTC
     for name, start, end in (("vgrpo_one_step_lr0.001_seed100", 0, 60), ("vgrpo_one_step_lr0.001_seed0", 90, 150),
@@ -114,8 +142,8 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 29  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
-    # kept_selection
+    assert len(names) == 30  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
+    # kept_selection, sampler_gap
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
