@@ -36,7 +36,7 @@ TRAINING_COLUMNS = ("reward_mean", "loss_objective")  # equal row by row in both
 
 
 @dataclass
-class PairedSeed:
+class _PairedSeed:
     """One seed's two runs: the sampler steps of each (``few`` < ``many``), whether they trained alike, the smoothed
     training reward per iteration and each run's held-out reward per evaluated iteration."""
     seed: int
@@ -56,7 +56,7 @@ class PairedSeed:
                  self.heldout[self.few][it]) for it in self.iterations]
 
 
-def _paired_seeds(folder: Path) -> list[PairedSeed]:
+def _paired_seeds(folder: Path) -> list[_PairedSeed]:
     """Every seed of ``folder/runs`` (``eval<steps>_seed<seed>``), each with exactly two runs."""
     runs: dict[int, dict[int, RunDir]] = {}
     for path in sorted((folder / "runs").iterdir()):
@@ -75,7 +75,7 @@ def _paired_seeds(folder: Path) -> list[PairedSeed]:
         same = all(a[key] == b[key] for a, b in zip(*metrics) for key in TRAINING_COLUMNS)
         heldout = {steps: {e["iteration"]: e["reward_mean"] for e in run.read_jsonl("eval.jsonl")}
                    for steps, run in by_steps.items()}
-        seeds.append(PairedSeed(seed, few, many, same, smoothed(metrics[1]), heldout))
+        seeds.append(_PairedSeed(seed, few, many, same, smoothed(metrics[1]), heldout))
     return seeds
 
 
@@ -83,7 +83,7 @@ def _first_reaching(pairs, target: float) -> str:
     return next((str(iteration) for iteration, value in pairs if iteration > 0 and value >= target), "never")
 
 
-def _seed_section(paired: PairedSeed, training_target: float, heldout_target: float) -> list[str]:
+def _seed_section(paired: _PairedSeed, training_target: float, heldout_target: float) -> list[str]:
     few, many = paired.few, paired.many
     rows = paired.rows()
     lines = [f"## Seed {paired.seed}", "",
@@ -102,7 +102,7 @@ def _seed_section(paired: PairedSeed, training_target: float, heldout_target: fl
     return lines
 
 
-def _mean_gaps(seeds: list[PairedSeed]) -> list[str]:
+def _mean_gaps(seeds: list[_PairedSeed]) -> list[str]:
     """The sampler's gap and the rest averaged over the seeds and their evaluations after the base one."""
     rows = [row for paired in seeds for row in paired.rows() if row[0] > 0]
     sampler = [low - high for _, _, high, low in rows]
