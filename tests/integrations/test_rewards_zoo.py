@@ -2,7 +2,10 @@
 
 import collections
 import json
+import os
 import string
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -234,6 +237,37 @@ def test_ocr_reward_reads_a_rendered_digit_string():
     torch.testing.assert_close(scores, torch.tensor([1.0, 0.75]))
     blank = reward(torch.ones(1, 3, 128, 256), ['a sign that says "2026"'])
     assert blank.item() == 0.0
+
+
+def test_the_ocr_engine_runs_on_torchs_threads_and_stays_on_a_pinned_core():
+    """rapidocr's default (-1 threads) lets onnxruntime start a pool over every core whose threads set their own
+    affinity, leaving a ``taskset`` pin: the default engine runs its three ONNX sessions on torch's threads, and a
+    process pinned to one core keeps every thread on it while it reads."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    threads = torch.get_num_threads()
+    try:
+        for wanted in (1, 2):
+            torch.set_num_threads(wanted)
+            engine = OCRReward().engine
+            sessions = (engine.text_det.infer, engine.text_cls.infer, engine.text_rec.session)
+            options = [s.session.get_session_options() for s in sessions]
+            assert [(o.intra_op_num_threads, o.inter_op_num_threads) for o in options] == \
+                [(min(wanted, os.cpu_count()), 1)] * 3
+    finally:
+        torch.set_num_threads(threads)
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return  # the pin below needs a second core to leave
+    script = (
+        "import os, torch; torch.set_num_threads(1)\n"
+        "from vgrpo_lib.integrations.rewards import get_reward\n"
+        "reward = get_reward('ocr'); image = torch.ones(1, 3, 64, 192); image[:, :, 20:44, 20:170] = 0\n"
+        "reward(image, ['1'])\n"
+        "print(sorted({c for t in os.listdir('/proc/self/task') for c in "
+        "open(f'/proc/self/task/{t}/status').read().split('Cpus_allowed_list:')[1].split()[:1]}))\n")
+    core = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    assert done.stdout.split()[-1] == f"['{core}']", done.stdout
 
 
 def test_text_similarity_is_flow_grpo_normalised_edit_distance():
