@@ -10,7 +10,7 @@ whose recipe is the pilot's with ``steps=STEP``.
 from __future__ import annotations
 
 import sys, json, time, torch
-from rapidocr_onnxruntime import RapidOCR
+from vgrpo_lib.integrations.rewards.simple import ocr_engine
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
 from vgrpo_lib.integrations.testbed.mnist_sd3.card import describe
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     pipe.vae.register_to_config(shift_factor=latents["shift_factor"], scaling_factor=latents["scaling_factor"])
     for m in (pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2): m.eval()
     t = time.perf_counter()
-    metrics = measure(pipe, load_pretrained("classifier"), RapidOCR())
+    metrics = measure(pipe, load_pretrained("classifier"), ocr_engine())
     print(json.dumps({k: v for k, v in metrics.items() if k != "vae_round_trip"}), round(time.perf_counter() - t), flush=True)
     json.dump(metrics, open(f"{folder}/measure_{step}.json", "w"), indent=1)
     if argv[4:] == ["save"]:

@@ -10,7 +10,7 @@ Usage: python -m vgrpo_lib.benchmarks.analysis.mnist_sd3_headroom_pilot STEPS NU
 from __future__ import annotations
 
 import json, os, sys, time, torch
-from rapidocr_onnxruntime import RapidOCR
+from vgrpo_lib.integrations.rewards.simple import ocr_engine
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     STEPS, SHARE, DIGIT_BATCH = int(argv[1]), float(argv[2]), int(argv[3])
     EVAL_FROM, EVAL_EVERY = (int(argv[4]), int(argv[5])) if len(argv) > 5 else (1000, 1000)
     SNAPSHOT_DIR = argv[6] if len(argv) > 6 else None
-    clf, eng = load_pretrained("classifier"), RapidOCR()
+    clf, eng = load_pretrained("classifier"), ocr_engine()
     T0 = time.perf_counter()
     def rec(**kw):
         kw["time"] = round(time.perf_counter() - T0); print(json.dumps(kw), flush=True)

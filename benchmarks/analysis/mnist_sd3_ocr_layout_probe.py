@@ -13,7 +13,7 @@ from vgrpo_lib.integrations.testbed.data import load_mnist
 import vgrpo_lib.integrations.testbed.mnist_sd3.render as R
 from vgrpo_lib.integrations.testbed.mnist_sd3.prompts import number_prompts
 from vgrpo_lib.integrations.rewards.simple import to_uint8_hwc
-from rapidocr_onnxruntime import RapidOCR
+from vgrpo_lib.integrations.rewards.simple import ocr_engine
 
 __all__ = ["main"]
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     imgs, labels = load_mnist("eval")
     nums = [n for _, n in number_prompts("eval")][:60]
-    eng = RapidOCR()
+    eng = ocr_engine()
     def rec(view):
         out=[]
         for a in to_uint8_hwc(view):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json, time, torch, sys
-from rapidocr_onnxruntime import RapidOCR
+from vgrpo_lib.integrations.rewards.simple import ocr_engine
 from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
 from vgrpo_lib.integrations.testbed.data import load_mnist
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import build_pipeline
@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = [__name__, *(sys.argv[1:] if argv is None else argv)]
     torch.set_num_threads(2)
     VAE_STEPS, FLOW_STEPS = int(argv[1]), int(argv[2])
-    clf = load_pretrained("classifier"); eng = RapidOCR()
-    clf = load_pretrained("classifier"); eng = RapidOCR()
+    clf = load_pretrained("classifier"); eng = ocr_engine()
+    clf = load_pretrained("classifier"); eng = ocr_engine()
     d, l = load_mnist("eval"); d, l = d[:200], l[:200]
     d, l = load_mnist("eval"); d, l = d[:200], l[:200]
     log = open("/tmp/s/pilot.jsonl", "a")

@@ -10,7 +10,7 @@ Usage: python -m vgrpo_lib.benchmarks.analysis.mnist_sd3_stage2_pilot STEPS LR >
 from __future__ import annotations
 
 import json, sys, time, torch
-from rapidocr_onnxruntime import RapidOCR
+from vgrpo_lib.integrations.rewards.simple import ocr_engine
 from diffusers import StableDiffusion3Pipeline
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 from vgrpo_lib.integrations.packed_weights import unpacked_folder
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = [__name__, *(sys.argv[1:] if argv is None else argv)]
     torch.set_num_threads(2)
     STEPS, LR = int(argv[1]), float(argv[2])
-    clf, eng = load_pretrained("classifier"), RapidOCR()
+    clf, eng = load_pretrained("classifier"), ocr_engine()
     T0 = time.perf_counter()
     def rec(**kw):
         kw["time"] = round(time.perf_counter() - T0); print(json.dumps(kw), flush=True)

@@ -18,17 +18,22 @@ from vgrpo_lib.extras import needs_extra
 from .base import Reward, register_reward
 
 __all__ = [
-    "ocr_threads", "to_uint8_hwc", "JPEGCompressibility", "quoted_text", "edit_distance", "text_similarity", "multiset_similarity",
-    "OCRReward",
+    "ocr_engine", "to_uint8_hwc", "JPEGCompressibility", "quoted_text", "edit_distance", "text_similarity",
+    "multiset_similarity", "OCRReward",
 ]
 
 
-def ocr_threads() -> int:
-    """The threads the OCR engine's ONNX sessions run on: as many as torch's (one in a run started with
-    ``OMP_NUM_THREADS=1``), at most the machine's cores. rapidocr's default lets onnxruntime start a pool over every
-    core whose threads set their own CPU affinity, so a run pinned to one core (``taskset -c 0``) used two anyway
-    (measured: 1.33 CPU-seconds per second on a pinned process) and slowed whatever ran on the other core."""
-    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+def ocr_engine(purpose: str = "The ocr reward (rapidocr)"):
+    """A rapidocr-onnxruntime engine whose ONNX sessions run on torch's thread count (one in a run started with
+    ``OMP_NUM_THREADS=1``), at most the machine's cores; ``purpose`` names what needs it if the extra is missing.
+    rapidocr's default lets onnxruntime start a pool over every core whose threads set their own CPU affinity, so a
+    run pinned to one core (``taskset -c 0``) used two anyway (measured: 1.33 CPU-seconds per second on a pinned
+    process) and slowed whatever ran on the other core. Every OCR engine here is made by this function."""
+    with needs_extra("rewards", purpose):
+        from rapidocr_onnxruntime import RapidOCR
+
+    threads = max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+    return RapidOCR(intra_op_num_threads=threads, inter_op_num_threads=1)
 
 
 def to_uint8_hwc(images: torch.Tensor):
@@ -119,7 +124,7 @@ class OCRReward(Reward):
 
     Args:
         engine: an OCR callable ``engine(uint8 HWC array, use_det=..., use_cls=False) -> (results, elapsed)`` in
-            rapidocr's format; default: a new ``rapidocr_onnxruntime.RapidOCR`` on :func:`ocr_threads` threads.
+            rapidocr's format; default: :func:`ocr_engine`.
         require_quotes: raise on prompts without a quoted target.
         target: ``target(prompt) -> text`` (e.g. the number a prompt asks for).
         single_line: the whole image is one line of text: recognition only, no text detection (small canvases
@@ -133,12 +138,7 @@ class OCRReward(Reward):
     def __init__(self, engine=None, require_quotes: bool = False, target=None, single_line: bool = False,
                  view=None, order_free: bool = False):
         super().__init__()
-        if engine is None:
-            with needs_extra("rewards", "The ocr reward (rapidocr)"):
-                from rapidocr_onnxruntime import RapidOCR
-
-            engine = RapidOCR(intra_op_num_threads=ocr_threads(), inter_op_num_threads=1)
-        self.engine = engine
+        self.engine = ocr_engine() if engine is None else engine
         self.require_quotes = require_quotes
         self.target_fn = target
         self.single_line, self.view, self.order_free = single_line, view, order_free

@@ -239,10 +239,9 @@ def test_ocr_reward_reads_a_rendered_digit_string():
     assert blank.item() == 0.0
 
 
-def test_the_ocr_engine_runs_on_torchs_threads_and_stays_on_a_pinned_core():
-    """rapidocr's default (-1 threads) lets onnxruntime start a pool over every core whose threads set their own
-    affinity, leaving a ``taskset`` pin: the default engine runs its three ONNX sessions on torch's threads, and a
-    process pinned to one core keeps every thread on it while it reads."""
+def test_the_ocr_engine_runs_its_sessions_on_torchs_threads():
+    """rapidocr's default (-1 threads) lets onnxruntime start a pool over every core: the OCR reward's default
+    engine (``ocr_engine``) runs its three ONNX sessions on torch's threads, one inter-op thread."""
     pytest.importorskip("rapidocr_onnxruntime")
     threads = torch.get_num_threads()
     try:
@@ -255,8 +254,14 @@ def test_the_ocr_engine_runs_on_torchs_threads_and_stays_on_a_pinned_core():
                 [(min(wanted, os.cpu_count()), 1)] * 3
     finally:
         torch.set_num_threads(threads)
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
-        return  # the pin below needs a second core to leave
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="the pin needs a second core on the machine for the engine's threads to leave to")
+def test_a_process_pinned_to_one_core_keeps_every_ocr_thread_on_it():
+    """onnxruntime's pool threads set their own CPU affinity, leaving a ``taskset`` pin: a one-thread process pinned
+    to one core that scores an image with the OCR reward has every thread still allowed on that core only."""
+    pytest.importorskip("rapidocr_onnxruntime")
     script = (
         "import os, torch; torch.set_num_threads(1)\n"
         "from vgrpo_lib.integrations.rewards import get_reward\n"

@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-from vgrpo_lib.extras import needs_extra
 from vgrpo_lib.integrations.packed_weights import pack_folder
 from vgrpo_lib.integrations.testbed.data import load_mnist
 
@@ -425,10 +424,10 @@ def save_pipeline(pipe, card: dict, folder: Path = PIPELINE_DIR, readme=model_ca
 
 def pretrain_mnist_sd3(log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: dict = FLOW_RECIPE) -> dict:
     """The whole rebuild: build, train the VAE, then the flow, measure, save to ``PIPELINE_DIR``; returns the card."""
-    with needs_extra("rewards", "Pretraining MNIST-SD3 (its OCR measurement)"):
-        from rapidocr_onnxruntime import RapidOCR
-
+    from vgrpo_lib.integrations.rewards.simple import ocr_engine
     from vgrpo_lib.integrations.testbed.checkpoints import load_pretrained
+
+    engine = ocr_engine("Pretraining MNIST-SD3 (its OCR measurement)")
 
     start = time.perf_counter()
     pipe = build_pipeline(seed=0)
@@ -437,7 +436,7 @@ def pretrain_mnist_sd3(log=print, vae_recipe: dict = VAE_RECIPE, flow_recipe: di
     flow_stage(pipe, log=log, **flow_recipe)
     train_seconds = time.perf_counter() - start
     log("measuring the samples ...")
-    metrics = measure(pipe, load_pretrained("classifier"), RapidOCR())
+    metrics = measure(pipe, load_pretrained("classifier"), engine)
     card = describe(pipe, metrics, vae_recipe, flow_recipe, {
         "vae_s": round(vae_seconds), "train_s": round(train_seconds), "total_s": round(time.perf_counter() - start)})
     save_pipeline(pipe, card)
