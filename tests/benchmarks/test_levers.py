@@ -164,7 +164,7 @@ def test_levers_start_once_the_settings_are_chosen_and_a_second_command_adds_the
     assert late["cells"]["ema_eval"]["per_seed"] == json.loads(json.dumps(early["cells"]["ema_eval"]["per_seed"]))
 
 
-def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, monkeypatch):
+def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path):
     with pytest.raises(UsageError, match="has chosen no setting yet"):
         levers.run_levers(tmp_path / "nothing", tmp_path / "out", cells=["k8"])
     with pytest.raises(UsageError, match="'awm' is not in the comparison"):
@@ -178,7 +178,6 @@ def test_bad_requests_are_refused_by_name_before_any_run(comparison, tmp_path, m
     with pytest.raises(UsageError, match="at least one lever"):
         levers.run_levers(comparison, tmp_path / "out", cells=[])
     # A lever that leaves the chosen setting as it is measures nothing (the comparison's V-GRPO already has K = 4).
-    monkeypatch.setitem(levers.LEVERS, "k4", ("vgrpo.num_pairs=4",))
     with pytest.raises(UsageError, match="'k4' leaves vgrpo's chosen setting"):
         levers.run_levers(comparison, tmp_path / "out", cells=["k8", "k4"])
     assert not (tmp_path / "out").exists()
@@ -195,4 +194,5 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
                  for lever, overrides in levers.LEVERS.items()}
         assert built["adaptive_k"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5" and plain.vgrpo.adaptive_pairs is None
         assert built["adaptive_k_smoothed"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5,smoothing=0.7"
-        assert (built["k2"].vgrpo.num_pairs, built["k8"].vgrpo.num_pairs) == (2, 8)
+        assert (built["k2"].vgrpo.num_pairs, built["k4"].vgrpo.num_pairs, built["k8"].vgrpo.num_pairs) == (2, 4, 8)
+        assert (plain.advantage.scale, built["batch_scale"].advantage.scale) == ("group", "batch")
