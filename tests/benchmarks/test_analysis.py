@@ -20,6 +20,7 @@ from vgrpo_lib.benchmarks.analysis.cpu_vs_gpu import cpu_vs_gpu
 from vgrpo_lib.benchmarks.analysis.first_iteration_rewards import first_iteration_rewards
 from vgrpo_lib.benchmarks.analysis.geneval_table import geneval_table
 from vgrpo_lib.benchmarks.analysis.gpu_geneval_summary import gpu_geneval_summary
+from vgrpo_lib.benchmarks.analysis.heldout_curves import heldout_curves
 from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
 from vgrpo_lib.benchmarks.analysis.iteration_budget import iteration_budget
 from vgrpo_lib.benchmarks.analysis.kept_selection import kept_selection
@@ -46,6 +47,7 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "iteration-budget/budget.txt": lambda: iteration_budget(RESULTS),
     "sampler-gap-mnist-sd3-digit/gap.md": lambda: sampler_gap(
         RESULTS / "sampler-gap-mnist-sd3-digit", RESULTS / "compare-mnist-sd3-digit-nfe-decay"),
+    "compare-mnist-sd3-ocr-lean/heldout_curves.md": lambda: heldout_curves(RESULTS / "compare-mnist-sd3-ocr-lean"),
     "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
         RESULTS / "compare-mnist-sd3-digit-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit/summary.json"))),
     "compare-mnist-sd3-ocr-heldout/repeat_check.txt": lambda: repeat_check(
@@ -62,6 +64,43 @@ def test_repeat_check_runs_from_the_command_line(capsys):
     folder, earlier = RESULTS / "compare-mnist-sd3-ocr-heldout", RESULTS / "compare-mnist-sd3-ocr" / "summary.json"
     assert repeat_check_main([str(folder), str(earlier)]) == 0
     assert capsys.readouterr().out == (folder / "repeat_check.txt").read_text()
+
+
+def _curves_comparison(folder: Path, evaluated: dict[int, list[int]]) -> Path:
+    """A finished comparison of one algorithm (vgrpo, one step at lr 1e-3) whose reported seed ``s`` has 6
+    iterations of training rewards 0.1 * (s + 1) * i and evaluations at ``evaluated[s]`` (held-out reward 0.05 * i
+    + 0.01 * s, clock 2 s per iteration)."""
+    protocol = {"chosen": {"vgrpo": {"step_control": "one_step", "lr": 1e-3}}, "reported_seeds": sorted(evaluated),
+                "target": 0.5, "heldout": {"target": 0.4}}
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"protocol": protocol}))
+    for seed, iterations in evaluated.items():
+        run = RunDir(folder / "runs" / f"vgrpo_one_step_lr0.001_seed{seed}")
+        run.root.mkdir(parents=True)
+        (run.root / "metrics.csv").write_text("iteration,reward_mean\n" + "".join(
+            f"{i},{0.1 * (seed + 1) * i}\n" for i in range(6)))
+        run.write_jsonl("eval.jsonl", [{"iteration": i, "reward_mean": 0.05 * i + 0.01 * seed, "train_seconds": 2.0 * i}
+                                       for i in iterations])
+    return folder
+
+
+def test_heldout_curves_average_the_seeds_at_each_evaluation(tmp_path):
+    """Held-out reward, the training reward smoothed over the 3 iterations up to the evaluated policy's first
+    rollout (the last row's for the final evaluation), their difference and the clock, averaged over the seeds."""
+    report = heldout_curves(_curves_comparison(tmp_path / "cmp", {0: [0, 3, 6], 1: [0, 3, 6]}))
+    # Iteration 3: held-out (0.15 + 0.16) / 2 = 0.155; training: seed 0 mean(0.1, 0.2, 0.3) = 0.2, seed 1 0.4 -> 0.3.
+    # Iteration 6 reads row 5: seed 0 mean(0.3, 0.4, 0.5) = 0.4, seed 1 0.8 -> 0.6; held-out (0.3 + 0.31) / 2 = 0.305.
+    assert "| 0 | 0.005 | 0.000 | -0.005 | 0 |" in report
+    assert "| 3 | 0.155 | 0.300 | +0.145 | 6 |" in report
+    assert "| 6 | 0.305 | 0.600 | +0.295 | 12 |" in report
+    assert "| iteration | vgrpo |" in report and "| 6 | 0.305 |" in report.split("side by side")[1]
+
+
+def test_heldout_curves_refuse_seeds_evaluated_at_different_iterations(tmp_path):
+    with pytest.raises(ValueError, match="vgrpo's reported seeds were evaluated at different iterations"):
+        heldout_curves(_curves_comparison(tmp_path / "cmp", {0: [0, 3, 6], 1: [0, 2, 6]}))
+    with pytest.raises(ValueError, match="evaluated at different iterations"):  # the first seed's a subset
+        heldout_curves(_curves_comparison(tmp_path / "cmp2", {0: [0, 6], 1: [0, 3, 6]}))
 
 
 def _touch(path: Path, seconds: float, text: str = "{}") -> None:
