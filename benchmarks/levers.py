@@ -197,22 +197,30 @@ def markdown(report: dict) -> str:
     lines = [f"{variant} at the setting {report['comparison']} chose ({report['chosen']['step_control']}, lr "
              f"{report['chosen']['lr']:g}), seeds {report['seeds']}; held-out target {report['heldout_target']:.4f}, "
              f"training target {report['target']:.4f}. Times: median over seeds (seeds that reached it). Ratios: "
-             f"median time over the other's, 90% bootstrap interval.", ""]
+             f"median time (or NFE per sample) over the other's, 90% bootstrap interval. Times are read on the "
+             f"machine each run trained on, and the comparison's rows may come from another (the s / iteration "
+             f"column shows it, where a cell's cost per iteration is the unchanged one's); NFE do not depend on it.",
+             ""]
     if not report["comparison_finished"]:
         lines += ["The comparison has not finished: no ratios yet (run this command again after it: the runs are "
                   "read back).", ""]
-    lines += [f"| cell | iterations (NFE / sample) | held-out time | training time | final held-out reward | "
-              f"over unchanged {variant} (held-out) | over {COMPARED_WITH} (held-out) | over {COMPARED_WITH} (training) |",
-              "|---|---|---|---|---|---|---|---|"]
+    columns = ((variant, "heldout_time_to_target_s"), (variant, "heldout_nfe_to_target"),
+               (COMPARED_WITH, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_nfe_to_target"),
+               (COMPARED_WITH, "time_to_target_s"))
+    names = {"heldout_time_to_target_s": "held-out time", "heldout_nfe_to_target": "held-out NFE",
+             "time_to_target_s": "training time"}
+    lines += ["| cell | iterations (NFE / sample) | s / iteration | held-out time | training time | final held-out reward | "
+              + " | ".join(f"over {'unchanged ' if reference == variant else ''}{reference} ({names[key]})"
+                           for reference, key in columns) + " |",
+              "|---|" + "---|" * (5 + len(columns))]
     rows = [(f"{name} (comparison)", row, None) for name, row in report["references"].items()]
     rows += [(name, cell, cell["over"]) for name, cell in report["cells"].items()]
     for name, row, over in rows:
-        ratios = ["", "", ""] if over is None else [
-            ratio_cell(over[reference][key]) if reference in over else "—"
-            for reference, key in ((variant, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_time_to_target_s"),
-                                   (COMPARED_WITH, "time_to_target_s"))]
+        ratios = [""] * len(columns) if over is None else [
+            ratio_cell(over[reference][key]) if reference in over else "—" for reference, key in columns]
         reward = f"{row['final_eval_reward']:.3f} ± {row.get('final_eval_reward_std', 0.0):.3f}"
         budget = f"{row['iterations']} ({row['nfe_per_sample']:.0f})"
-        lines.append(f"| {name} | {budget} | {_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
+        lines.append(f"| {name} | {budget} | {row['seconds_per_iteration']:.2f} | "
+                     f"{_seconds(row, 'heldout_time_to_target_s')} | {_seconds(row, 'time_to_target_s')} | "
                      f"{reward} | " + " | ".join(ratios) + " |")
     return "\n".join(lines) + "\n"

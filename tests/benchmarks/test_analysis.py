@@ -181,8 +181,8 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 30  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
-    # kept_selection, sampler_gap
+    assert len(names) == 31  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
+    # kept_selection, sampler_gap, heldout_curves
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name

@@ -11,7 +11,7 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import VARIANTS, build, chosen_config, run_compare, summarise_run
+from vgrpo_lib.benchmarks.compare import VARIANTS, build, chosen_config, ratio_cell, run_compare, summarise_run
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -66,6 +66,17 @@ def test_each_cell_runs_the_chosen_setting_plus_its_levers_against_the_compariso
                  .read_rows("metrics.csv")[-1]["nfe_cumulative"] for seed in (0, 1)]
         assert report["references"][name]["nfe_per_sample"] == pytest.approx(statistics.mean(spent))
         assert f"| {name} (comparison) | 3 ({statistics.mean(spent):.0f}) |" in table
+    # Each row's seconds per iteration (a machine unlike the comparison's shows there) and the held-out NFE ratios,
+    # which no machine changes, beside the time ratios.
+    k8_row = report["cells"]["k8"]
+    over = k8_row["over"]
+    assert (f"| k8 | 3 ({k8_row['nfe_per_sample']:.0f}) | {k8_row['seconds_per_iteration']:.2f} | " in table)
+    expected_ratios = " | ".join(ratio_cell(over[reference][key]) for reference, key in (
+        ("vgrpo", "heldout_time_to_target_s"), ("vgrpo", "heldout_nfe_to_target"),
+        ("diffusion_nft", "heldout_time_to_target_s"), ("diffusion_nft", "heldout_nfe_to_target"),
+        ("diffusion_nft", "time_to_target_s")))
+    assert next(line for line in table.splitlines() if line.startswith("| k8 |")).endswith(f" | {expected_ratios} |")
+    assert "over unchanged vgrpo (held-out NFE) | over diffusion_nft (held-out time)" in table
     k8 = [RunDir(tmp_path / "runs" / f"k8_seed{seed}").read_rows("metrics.csv") for seed in (0, 1)]
     assert report["cells"]["k8"]["iterations"] == 3
     assert report["cells"]["k8"]["nfe_per_sample"] == statistics.mean(rows[-1]["nfe_cumulative"] for rows in k8)
