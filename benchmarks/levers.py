@@ -15,12 +15,14 @@ lever was seen), so the lever's row reads like the comparison's rows::
         --out results/levers-digit
     vgrpo levers --comparison DIR --variant vgrpo+ --combine dpmpp_2m_6+ema_eval --out DIR2
 
-Per cell (a lever, or ``A+B`` for levers combined) it reports the median costs to each target, the final training
-and held-out rewards, and two ratios of median times to the held-out and training targets with the protocol's
-bootstrap interval (:func:`vgrpo_lib.benchmarks.compare.median_ratio_interval`): against the unchanged setting (the
-comparison's own reported runs of that algorithm, ``< 1`` means the lever made it faster) and against the
-comparison's DiffusionNFT where it has one (the quantity issue 30's target names). A lever that leaves the config as
-it was (e.g. two epochs where the comparison already chose two) is refused by name: it measures nothing.
+Per cell (a lever, or ``A+B`` for levers combined) it reports the median costs to each target, the seconds per
+iteration, the final training and held-out rewards, and ratios of median costs (time and NFE per sample) with the
+protocol's bootstrap interval (:func:`vgrpo_lib.benchmarks.compare.median_ratio_interval`): against the unchanged
+setting (the comparison's own reported runs of that algorithm, ``< 1`` means the lever made it faster) and against the
+comparison's DiffusionNFT where it has one (the quantity issue 30's target names). The comparison's runs may have
+trained on another machine than the levers': a lever that keeps the cost per iteration shows it in its seconds per
+iteration, and the NFE ratios do not depend on it. A lever that leaves the config as it was (e.g. two epochs where
+the comparison already chose two) is refused by name: it measures nothing.
 
 Not tuned: a lever runs at the chosen learning rate; one that shifts the best learning rate (more steps per rollout
 move the policy further) reads as worse than it is, which the report's text must say where it matters.
