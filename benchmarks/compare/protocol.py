@@ -64,6 +64,8 @@ VARIANTS: dict[str, Variant] = {
     # vgrpo+lean (BEYOND_PAPER: K = 2, a 6-step rollout) over V-GRPO's own controls, as its levers were measured.
     "vgrpo+lean": Variant(BEYOND_PAPER["vgrpo+lean"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+lean"][1]),
                           dict(_VGRPO_CONTROLS)),
+    "vgrpo+lean-k4": Variant(BEYOND_PAPER["vgrpo+lean-k4"][0],
+                             ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+lean-k4"][1]), dict(_VGRPO_CONTROLS)),
     # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
     "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
     # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).

@@ -46,18 +46,19 @@ def test_the_comparison_tunes_vgrpo_plus_over_three_step_controls():
     assert list(VARIANTS["vgrpo"].step_controls) == ["one_step", "two_epochs", "paper_soft_clip"]
 
 
-def test_vgrpo_plus_lean_is_vgrpo_with_two_pairs_and_a_six_step_rollout_over_vgrpos_controls():
-    """The second candidate changes the pairs and the training rollout only: its evaluation, loss and every tuned
-    control are V-GRPO's, so the comparison measures a cheaper iteration and nothing else."""
-    lean, paper = build_config("vgrpo+lean", None, "testbed", []), build_config("vgrpo", None, "testbed", [])
-    assert (lean.algo, lean.vgrpo.num_pairs, lean.rollout.num_steps) == ("vgrpo", 2, 6)
+@pytest.mark.parametrize("name, pairs", [("vgrpo+lean", 2), ("vgrpo+lean-k4", 4)])
+def test_the_lean_candidates_are_vgrpo_with_their_pairs_and_a_six_step_rollout_over_vgrpos_controls(name, pairs):
+    """The lean candidates change the pairs and the training rollout only: their evaluation, loss and every tuned
+    control are V-GRPO's, so the comparison measures the iteration's cost and the pairs and nothing else."""
+    lean, paper = build_config(name, None, "testbed", []), build_config("vgrpo", None, "testbed", [])
+    assert (lean.algo, lean.vgrpo.num_pairs, lean.rollout.num_steps) == ("vgrpo", pairs, 6)
     differing = {key for key, value in _settings(lean).items() if _settings(paper)[key] != value}
-    assert differing == {"vgrpo.num_pairs", "rollout.num_steps"}
+    assert differing == {"vgrpo.num_pairs", "rollout.num_steps"} - ({"vgrpo.num_pairs"} if pairs == 4 else set())
     assert lean.eval.num_steps == paper.eval.num_steps
-    assert VARIANTS["vgrpo+lean"].step_controls == VARIANTS["vgrpo"].step_controls
+    assert VARIANTS[name].step_controls == VARIANTS["vgrpo"].step_controls
     for control in VARIANTS["vgrpo"].step_controls:
-        run, same = build("vgrpo+lean", "pair", 100, 3e-4, control, []), build("vgrpo", "pair", 100, 3e-4, control, [])
-        assert _settings(run) == {**_settings(same), "vgrpo.num_pairs": 2, "rollout.num_steps": 6}
+        run, same = build(name, "pair", 100, 3e-4, control, []), build("vgrpo", "pair", 100, 3e-4, control, [])
+        assert _settings(run) == {**_settings(same), "vgrpo.num_pairs": pairs, "rollout.num_steps": 6}
 
 
 def _settings(config) -> dict:
