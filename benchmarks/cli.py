@@ -134,14 +134,15 @@ def _levers(args) -> int:
 
 
 def _levers_arguments(levers: argparse.ArgumentParser) -> None:
-    from vgrpo_lib.benchmarks.levers import BUDGET_LEVERS, DECAY_LEVERS, LEVERS
+    from vgrpo_lib.benchmarks.levers import BASELINE, BUDGET_LEVERS, DECAY_LEVERS, LEVERS
     levers.add_argument("--comparison", required=True, help="a finished `vgrpo compare` folder (its protocol, "
                                                             "summary and targets)")
     levers.add_argument("--variant", default="vgrpo", help="the comparison's algorithm whose chosen setting is changed")
     levers.add_argument("--levers", nargs="*", default=[],
                         help=f"levers, each alone: {', '.join(LEVERS)}; or a multiple of the comparison's iteration "
                              f"budget: {', '.join(BUDGET_LEVERS)}; or a decay of the chosen learning rate over the "
-                             f"run: {', '.join(DECAY_LEVERS)}")
+                             f"run: {', '.join(DECAY_LEVERS)}; or {BASELINE!r}, the unchanged setting trained "
+                             f"again beside them (time ratios over it are read on one machine)")
     levers.add_argument("--combine", nargs="*", default=[], metavar="L1+L2",
                         help="levers together, joined by '+' (e.g. dpmpp_2m_6+ema_eval)")
     levers.add_argument("--out", required=True)

@@ -21,8 +21,10 @@ protocol's bootstrap interval (:func:`vgrpo_lib.benchmarks.compare.median_ratio_
 setting (the comparison's own reported runs of that algorithm, ``< 1`` means the lever made it faster) and against the
 comparison's DiffusionNFT where it has one (the quantity issue 30's target names). The comparison's runs may have
 trained on another machine than the levers': a lever that keeps the cost per iteration shows it in its seconds per
-iteration, and the NFE ratios do not depend on it. A lever that leaves the config as it was (e.g. two epochs where
-the comparison already chose two) is refused by name: it measures nothing.
+iteration, and the NFE ratios do not depend on it. The ``baseline`` cell (:data:`BASELINE`) trains the unchanged
+setting again beside the levers, and every other cell's ratios over it are read on one machine. Any other cell that
+leaves the config as it was (e.g. two epochs where the comparison already chose two) is refused by name: it measures
+nothing.
 
 Not tuned: a lever runs at the chosen learning rate; one that shifts the best learning rate (more steps per rollout
 move the policy further) reads as worse than it is, which the report's text must say where it matters.
@@ -45,8 +47,8 @@ from vgrpo_lib.benchmarks.compare import (
 )
 from vgrpo_lib.errors import UsageError
 
-__all__ = ["LEVERS", "BUDGET_LEVERS", "DECAY_LEVERS", "COMBINE_SEPARATOR", "COMPARED_WITH", "cell_overrides",
-           "run_levers", "markdown"]
+__all__ = ["LEVERS", "BUDGET_LEVERS", "DECAY_LEVERS", "BASELINE", "COMBINE_SEPARATOR", "COMPARED_WITH",
+           "cell_overrides", "run_levers", "markdown"]
 
 # Each lever as config overrides applied after the chosen setting's (so they win). Algorithm-specific keys name
 # V-GRPO's section: the levers are for vgrpo and vgrpo+ (the same loss).
@@ -93,6 +95,10 @@ BUDGET_LEVERS: dict[str, int] = {"budget_x2": 2, "budget_x3": 3}
 # protocol chose vgrpo+lean's one step at lr 3e-3, which crossed the held-out target first on every tuning seed and
 # ended at 0.79, 0.34 and 0.78 (results/compare-mnist-sd3-digit-nfe/).
 DECAY_LEVERS: dict[str, float] = {"lr_cosine": 0.1}
+# The chosen setting unchanged, trained again beside the levers: the comparison's own runs may have trained on another
+# machine (on MNIST-SD3 one 1.3x slower per iteration than a later one), so time ratios over this cell are the ones
+# read on one machine. It takes no lever.
+BASELINE = "baseline"
 COMBINE_SEPARATOR = "+"
 COMPARED_WITH = "diffusion_nft"  # the reference of issue 30's target: time over DiffusionNFT's
 
@@ -101,7 +107,11 @@ def cell_overrides(cell: str, iterations: int, lr: float) -> list[str]:
     """The overrides of a cell: one lever's, or several levers' joined by ``+`` (applied in that order);
     ``iterations`` and ``lr``: the comparison's iteration budget, which a budget lever multiplies, and the chosen
     learning rate, from which a decay lever decays over the cell's iterations."""
+    if cell == BASELINE:
+        return []
     names = cell.split(COMBINE_SEPARATOR)
+    if BASELINE in names:
+        raise UsageError(f"Cell {cell!r}: {BASELINE!r} is the unchanged setting and takes no lever; name it alone.")
     known = (*LEVERS, *BUDGET_LEVERS, *DECAY_LEVERS)
     unknown = [name for name in names if name not in known]
     if unknown or len(set(names)) < len(names):
@@ -152,7 +162,7 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
     # Every cell must build, and change something, before any run starts.
     first_seed = {cell: chosen_config(protocol, variant, seeds[0], overrides[cell]) for cell in cells}
     for cell in cells:
-        if first_seed[cell].to_json() == unchanged.to_json():
+        if cell != BASELINE and first_seed[cell].to_json() == unchanged.to_json():
             raise UsageError(f"Cell {cell!r} leaves {variant}'s chosen setting ({chosen['step_control']}, lr "
                              f"{chosen['lr']:g}) unchanged: it measures nothing.")
     references = {} if summary is None else {name: summary["per_seed"][name] for name in (variant, COMPARED_WITH)
@@ -172,8 +182,12 @@ def run_levers(comparison: str | Path, out: str | Path, *, variant: str = "vgrpo
             print(f"{cell:<24} seed {seed}: held-out reward {runs[-1]['final_eval_reward']:.3f} ({how})", flush=True)
         report["cells"][cell] = {"overrides": overrides[cell], **aggregate_seeds(runs),
                                  "iterations": first_seed[cell].iterations,
-                                 "nfe_per_sample": statistics.mean(nfe), "per_seed": runs,
-                                 "over": {name: median_ratios(runs, reference) for name, reference in references.items()}}
+                                 "nfe_per_sample": statistics.mean(nfe), "per_seed": runs}
+    if BASELINE in report["cells"]:  # trained on this machine: a reference beside the comparison's own runs
+        references[BASELINE] = report["cells"][BASELINE]["per_seed"]
+    for cell, row in report["cells"].items():
+        row["over"] = {name: median_ratios(row["per_seed"], reference) for name, reference in references.items()
+                       if name != cell}
     atomic_write_text(out / "levers.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "levers.md", markdown(report))
     return report
@@ -203,12 +217,17 @@ def markdown(report: dict) -> str:
              f"machine each run trained on, and the comparison's rows may come from another (the s / iteration "
              f"column shows it, where a cell's cost per iteration is the unchanged one's); NFE do not depend on it.",
              ""]
+    if BASELINE in report["cells"]:
+        lines += [f"The {BASELINE} cell is the unchanged setting trained again beside the levers: the ratios over it "
+                  f"are read on one machine.", ""]
     if not report["comparison_finished"]:
         lines += ["The comparison has not finished: no ratios yet (run this command again after it: the runs are "
                   "read back).", ""]
     columns = ((variant, "heldout_time_to_target_s"), (variant, "heldout_nfe_to_target"),
                (COMPARED_WITH, "heldout_time_to_target_s"), (COMPARED_WITH, "heldout_nfe_to_target"),
                (COMPARED_WITH, "time_to_target_s"))
+    if BASELINE in report["cells"]:
+        columns += ((BASELINE, "heldout_time_to_target_s"), (BASELINE, "time_to_target_s"))
     names = {"heldout_time_to_target_s": "held-out time", "heldout_nfe_to_target": "held-out NFE",
              "time_to_target_s": "training time"}
     lines += ["| cell | iterations (NFE / sample) | s / iteration | held-out time | training time | final held-out reward | "

@@ -11,7 +11,9 @@ from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
 from vgrpo_lib.benchmarks import levers
 from vgrpo_lib.benchmarks.cli import main
-from vgrpo_lib.benchmarks.compare import VARIANTS, build, chosen_config, ratio_cell, run_compare, summarise_run
+from vgrpo_lib.benchmarks.compare import (
+    VARIANTS, build, chosen_config, median_ratios, ratio_cell, run_compare, summarise_run,
+)
 from vgrpo_lib.errors import UsageError
 
 TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.per_prompt=2", "eval.num_steps=4"]
@@ -80,6 +82,29 @@ def test_each_cell_runs_the_chosen_setting_plus_its_levers_against_the_compariso
     k8 = [RunDir(tmp_path / "runs" / f"k8_seed{seed}").read_rows("metrics.csv") for seed in (0, 1)]
     assert report["cells"]["k8"]["iterations"] == 3
     assert report["cells"]["k8"]["nfe_per_sample"] == statistics.mean(rows[-1]["nfe_cumulative"] for rows in k8)
+
+
+def test_the_baseline_cell_retrains_the_unchanged_setting_and_every_cell_has_ratios_over_it(comparison, tmp_path):
+    """baseline: the comparison's chosen config exactly, trained again here, so the other cells' time ratios can be
+    read on one machine; it takes no lever, and a lever that changes nothing is still refused."""
+    report = levers.run_levers(comparison, tmp_path, variant="vgrpo", cells=["baseline", "k8"])
+    protocol = json.loads((comparison / "protocol.json").read_text())
+    for seed in (0, 1):
+        retrained = RunDir(tmp_path / "runs" / f"baseline_seed{seed}")
+        assert retrained.train_config().to_json() == chosen_config(protocol, "vgrpo", seed).to_json()
+    baseline, k8 = report["cells"]["baseline"], report["cells"]["k8"]
+    assert baseline["overrides"] == [] and "baseline" not in baseline["over"]
+    expected = median_ratios(k8["per_seed"], baseline["per_seed"])
+    assert k8["over"]["baseline"] == json.loads(json.dumps(expected))
+    table = (tmp_path / "levers.md").read_text()
+    assert "| over baseline (held-out time) | over baseline (training time) |" in table
+    k8_line = next(line for line in table.splitlines() if line.startswith("| k8 |"))
+    assert k8_line.endswith(f" | {ratio_cell(expected['heldout_time_to_target_s'])} | "
+                            f"{ratio_cell(expected['time_to_target_s'])} |")
+    baseline_line = next(line for line in table.splitlines() if line.startswith("| baseline |"))
+    assert baseline_line.endswith(" | — | — |")
+    with pytest.raises(UsageError, match="'baseline' is the unchanged setting and takes no lever"):
+        levers.cell_overrides("baseline+k8", 3, 1e-3)
 
 
 def test_a_budget_lever_multiplies_the_comparisons_iterations_and_the_evaluations_go_on(comparison, tmp_path):
