@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vgrpo_lib.algorithms.config import TrainConfig
-from vgrpo_lib.algorithms.presets import BEYOND_PAPER, OFFICIAL_ON_PIPELINE, PRESETS, build_config
+from vgrpo_lib.algorithms.presets import OFFICIAL_ON_PIPELINE, PRESETS, build_config, named_configuration
 from vgrpo_lib.errors import UsageError
 
 __all__ = [
@@ -52,20 +52,28 @@ _VGRPO_STEPS = {
 _VGRPO_CONTROLS = {**_VGRPO_STEPS,
                    "paper_soft_clip": ("optim.epochs=1", "optim.minibatches=1", "advantage.soft_clip=3.0")}
 FLOW_GRPO_CORE = ("flow_grpo.ref_kl_coef=none", "flow_grpo.cfg_scale=1.0")
+
+
+def _beyond_paper(name: str, step_controls: dict[str, tuple[str, ...]]) -> Variant:
+    """A named configuration of ``BEYOND_PAPER`` as the comparison runs it: its algorithm and settings with V-GRPO's
+    base-policy KL off (as the paper's V-GRPO here), tuned over ``step_controls``."""
+    algo, settings = named_configuration(name)
+    return Variant(algo, ("vgrpo.ref_kl_coef=none", *settings), dict(step_controls))
+
+
 VARIANTS: dict[str, Variant] = {
     # Two epochs use the ratio clip (0.01) the paper uses over several steps.
     "vgrpo": Variant("vgrpo", ("vgrpo.ref_kl_coef=none",), dict(_VGRPO_CONTROLS)),
     # vgrpo+ (BEYOND_PAPER: K = 8, beyond the paper) over the same controls as V-GRPO's, plus a third epoch (where
     # the ratio clip starts to bind on MNIST-SD3 digit, results/iteration-budget/); its soft clip is tuned away too.
-    "vgrpo+": Variant(BEYOND_PAPER["vgrpo+"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+"][1]), {
+    "vgrpo+": _beyond_paper("vgrpo+", {
         **_VGRPO_STEPS,
         "three_epochs": ("optim.epochs=3", "optim.minibatches=1", "advantage.soft_clip=none", "vgrpo.clip_range=0.01"),
     }),
-    # vgrpo+lean (BEYOND_PAPER: K = 2, a 6-step rollout) over V-GRPO's own controls, as its levers were measured.
-    "vgrpo+lean": Variant(BEYOND_PAPER["vgrpo+lean"][0], ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+lean"][1]),
-                          dict(_VGRPO_CONTROLS)),
-    "vgrpo+lean-k4": Variant(BEYOND_PAPER["vgrpo+lean-k4"][0],
-                             ("vgrpo.ref_kl_coef=none", *BEYOND_PAPER["vgrpo+lean-k4"][1]), dict(_VGRPO_CONTROLS)),
+    # The lean candidates (BEYOND_PAPER: K = 2 or 4, a 6-step rollout) over V-GRPO's own controls, as their levers
+    # were measured.
+    "vgrpo+lean": _beyond_paper("vgrpo+lean", _VGRPO_CONTROLS),
+    "vgrpo+lean-k4": _beyond_paper("vgrpo+lean-k4", _VGRPO_CONTROLS),
     # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
     "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
     # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).

@@ -105,6 +105,9 @@ def test_the_baseline_cell_retrains_the_unchanged_setting_and_every_cell_has_rat
     assert baseline_line.endswith(" | — | — |")
     with pytest.raises(UsageError, match="'baseline' is the unchanged setting and takes no lever"):
         levers.cell_overrides("baseline+k8", 3, 1e-3)
+    with pytest.raises(UsageError, match="'k4' leaves vgrpo's chosen setting"):  # K = 4 already: still refused
+        levers.run_levers(comparison, tmp_path / "refused", variant="vgrpo", cells=["baseline", "k4"])
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_budget_lever_multiplies_the_comparisons_iterations_and_the_evaluations_go_on(comparison, tmp_path):
