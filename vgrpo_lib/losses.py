@@ -7,7 +7,7 @@ Coefficients and the clip range are buffers (``loss.ref_kl_coef = 0.1``, ``loss.
 ``_schedulable_rules``: the buffer's name and its :class:`~vgrpo_lib.rules.Rule`, the same rule that checks the
 constructor argument, every assignment, the config key and every value of a schedule of it.
 
-One name per meaning across the three losses: ``behaviour_kl_coef`` weighs a KL to the behaviour (old) policy
+One name per meaning across the losses: ``behaviour_kl_coef`` weighs a KL to the behaviour (old) policy
 (outputs ``loss_behaviour_kl``, ``behaviour_kl``), ``ref_kl_coef`` a KL to a frozen reference (base) policy
 (``loss_ref_kl``, ``ref_kl``); ``clip_range`` is ``eps`` or ``(low, high)``; ``advantage_clip`` bounds the
 advantages (Flow-GRPO's hard clip), ``advantage_max`` is DiffusionNFT's Amax (its normalisation). A KL term
@@ -66,6 +66,11 @@ class _PolicyLoss(LossModule):
     """
 
     _schedulable_rules: ClassVar[Mapping[str, Rule]] = {}
+    # The batch entries every forward reads (by their ``_AcceptedKeys`` names; ``cond`` is added unless the model is
+    # unconditional); a loss whose entries depend on its options extends :meth:`_in_key_names`.
+    _batch_keys: ClassVar[tuple[str, ...]] = ()
+    # Each KL term a loss may have, in output order: ``loss_<name>`` exists when the coefficient ``<name>_coef`` does.
+    _kl_terms: ClassVar[tuple[str, ...]] = ("behaviour_kl", "ref_kl")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -87,6 +92,32 @@ class _PolicyLoss(LossModule):
             if name == "clip_range" and isinstance(value, float):
                 value = [value, value]
         self.register_buffer(name, None if value is None else torch.tensor(value))
+
+    def _register_kl(self, name: str, model_arg: str, model, coef: float | None) -> None:
+        """The KL term ``name`` (``behaviour_kl`` or ``ref_kl``) to the frozen policy given as ``model_arg``: the
+        model and the coefficient ``<name>_coef`` come both or neither (``None``: the term is off)."""
+        if (model is None) != (coef is None):
+            raise ValueError(f"A KL to a frozen policy needs both {model_arg} and {name}_coef (or neither).")
+        self._register_scalar(f"{name}_coef", coef)
+
+    def _in_key_names(self) -> list[str]:
+        return [*self._batch_keys, *([] if self.unconditional else ["cond"])]
+
+    @property
+    def in_keys(self):
+        return [getattr(self.tensor_keys, k) for k in self._in_key_names()]
+
+    @property
+    def out_keys(self):
+        """``loss_objective`` and ``loss_<name>`` of each KL term that is on."""
+        on = [name for name in self._kl_terms if getattr(self, f"{name}_coef", None) is not None]
+        return ["loss_objective"] + [f"loss_{name}" for name in on]
+
+    def _kl_term(self, name: str, distance: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The KL term ``name``'s outputs: ``loss_<name>``, its coefficient times the mean of ``distance`` (the
+        per-sample or per-pair distances), and that mean detached as the diagnostic ``<name>``."""
+        kl = distance.mean()
+        return {f"loss_{name}": getattr(self, f"{name}_coef") * kl, name: kl.detach()}
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         """These losses have no value estimator: nothing to forward."""
@@ -167,6 +198,7 @@ class VGRPOLoss(_PolicyLoss):
         old_x_pred: str = "old_x_pred"
 
     _schedulable_rules = {"clip_range": CLIP_RANGE, "behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE}
+    _batch_keys = ("sample", "advantage", "pairs")
 
     @renamed_keywords(kl_coef="behaviour_kl_coef", clip_epsilon="clip_range", clip_low="clip_range",
                       clip_high="clip_range")
@@ -183,25 +215,15 @@ class VGRPOLoss(_PolicyLoss):
         unconditional: bool = False,
     ):
         super().__init__()
-        if (ref_model is None) != (ref_kl_coef is None):
-            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.model, self.estimator, self.ref_model = model, estimator, ref_model
         self.on_policy, self.unconditional = on_policy, unconditional
         self._register_scalar("clip_range", clip_range)
-        self._register_scalar("behaviour_kl_coef", behaviour_kl_coef)
-        self._register_scalar("ref_kl_coef", ref_kl_coef)
+        self._register_scalar("behaviour_kl_coef", behaviour_kl_coef)  # its "model" is the stored old_x_pred
+        self._register_kl("ref_kl", "ref_model", ref_model, ref_kl_coef)
 
-    @property
-    def in_keys(self):
-        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
-        keys += [] if self.on_policy else ["old_log_prob"]
-        keys += [] if self.behaviour_kl_coef is None else ["old_x_pred"]
-        return [getattr(self.tensor_keys, k) for k in keys]
-
-    @property
-    def out_keys(self):
-        keys = ["loss_objective"] + ([] if self.behaviour_kl_coef is None else ["loss_behaviour_kl"])
-        return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+    def _in_key_names(self) -> list[str]:
+        return (super()._in_key_names() + ([] if self.on_policy else ["old_log_prob"])
+                + ([] if self.behaviour_kl_coef is None else ["old_x_pred"]))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
@@ -225,15 +247,13 @@ class VGRPOLoss(_PolicyLoss):
                     f"old_x_pred {tuple(old_x_pred.shape)} must be [B, K, *D] = {tuple(x_pred.shape)} "
                     "(x-space KL needs equal shapes)."
                 )
-            kl = x_space_kl(x_pred, old_x_pred).mean()
-            out.update(loss_behaviour_kl=self.behaviour_kl_coef * kl, behaviour_kl=kl.detach())
+            out.update(self._kl_term("behaviour_kl", x_space_kl(x_pred, old_x_pred)))
         if self.ref_kl_coef is not None:
             with torch.no_grad():
                 ref_x_pred = self.estimator.path.x_from_v(
                     inputs.z, self.estimator.predict(self.ref_model, inputs), inputs.t
                 )
-            ref_kl = x_space_kl(x_pred, ref_x_pred).mean()
-            out.update(loss_ref_kl=self.ref_kl_coef * ref_kl, ref_kl=ref_kl.detach())
+            out.update(self._kl_term("ref_kl", x_space_kl(x_pred, ref_x_pred)))
         return TensorDict(out, batch_size=[])
 
 
@@ -284,6 +304,7 @@ class FlowGRPOLoss(_PolicyLoss):
         old_log_prob: str = "old_log_prob"
 
     _schedulable_rules = {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}
+    _batch_keys = ("z", "z_next", "t", "t_next", "advantage", "old_log_prob")
 
     @renamed_keywords(kl_coef="ref_kl_coef", clip_epsilon="clip_range", adv_clip="advantage_clip")
     def __init__(
@@ -301,8 +322,6 @@ class FlowGRPOLoss(_PolicyLoss):
         unconditional: bool = False,
     ):
         super().__init__()
-        if (ref_model is None) != (ref_kl_coef is None):
-            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.step_mean_std, self.sde_type = step_mean_std(sde_type), sde_type
         check_noise_level(sde_type, noise_level)
         self.kl_form = choose("Flow-GRPO KL form", kl_form, FLOW_GRPO_KL_FORMS)
@@ -312,16 +331,7 @@ class FlowGRPOLoss(_PolicyLoss):
         self.log_prob_reduction = choose("log-prob reduction", log_prob_reduction, LOG_PROB_REDUCTIONS)
         self.noise_level, self.advantage_clip = noise_level, advantage_clip
         self._register_scalar("clip_range", clip_range)
-        self._register_scalar("ref_kl_coef", ref_kl_coef)
-
-    @property
-    def in_keys(self):
-        keys = ["z", "z_next", "t", "t_next", "advantage", "old_log_prob"] + ([] if self.unconditional else ["cond"])
-        return [getattr(self.tensor_keys, k) for k in keys]
-
-    @property
-    def out_keys(self):
-        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+        self._register_kl("ref_kl", "ref_model", ref_model, ref_kl_coef)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
@@ -360,8 +370,7 @@ class FlowGRPOLoss(_PolicyLoss):
             kl = gaussian_kl_same_std(mean, ref_mean, std, self.log_prob_reduction)
             if self.kl_form == "flow_grpo":
                 kl = kl * (t - t_next)  # the official divides by 2 sigma_t^2 only: |dt| times the exact KL
-            kl = kl.mean()
-            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
+            out.update(self._kl_term("ref_kl", kl))
         return TensorDict(out, batch_size=[])
 
     def _ratio_log_probs(self, batch: TensorDictBase, log_prob, old_log_prob, mean, std):
@@ -387,9 +396,7 @@ class GRPOGuardLoss(FlowGRPOLoss):
     class _AcceptedKeys(FlowGRPOLoss._AcceptedKeys):
         old_mean: str = "old_mean"
 
-    @property
-    def in_keys(self):
-        return super().in_keys + [self.tensor_keys.old_mean]
+    _batch_keys = (*FlowGRPOLoss._batch_keys, "old_mean")
 
     def _ratio_log_probs(self, batch: TensorDictBase, log_prob, old_log_prob, mean, std):
         old_mean = self._get(batch, "old_mean", "the behaviour policy's step means")
@@ -434,6 +441,7 @@ class AWMLoss(_PolicyLoss):
         pairs: str = "pairs"
 
     _schedulable_rules = {"behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE}
+    _batch_keys = ("sample", "advantage", "pairs")
 
     def __init__(
         self,
@@ -448,24 +456,11 @@ class AWMLoss(_PolicyLoss):
         unconditional: bool = False,
     ):
         super().__init__()
-        for name, other, coef in (("behaviour", behaviour_model, behaviour_kl_coef), ("reference", ref_model, ref_kl_coef)):
-            if (other is None) != (coef is None):
-                raise ValueError(f"A KL to the {name} policy needs both its model and its coefficient.")
         self.model, self.estimator, self.unconditional = model, estimator, unconditional
         self.behaviour_model, self.ref_model = behaviour_model, ref_model
         self.advantage_scale = check_positive("advantage_scale", advantage_scale)
-        self._register_scalar("behaviour_kl_coef", behaviour_kl_coef)
-        self._register_scalar("ref_kl_coef", ref_kl_coef)
-
-    @property
-    def in_keys(self):
-        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
-        return [getattr(self.tensor_keys, k) for k in keys]
-
-    @property
-    def out_keys(self):
-        keys = ["loss_objective"] + ([] if self.behaviour_kl_coef is None else ["loss_behaviour_kl"])
-        return keys + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+        self._register_kl("behaviour_kl", "behaviour_model", behaviour_model, behaviour_kl_coef)
+        self._register_kl("ref_kl", "ref_model", ref_model, ref_kl_coef)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
@@ -480,12 +475,10 @@ class AWMLoss(_PolicyLoss):
         weight = self.advantage_scale * advantage
         out = {"loss_objective": (weight[:, None] * matching).mean(), "matching_loss": matching.detach().mean()}
         for name, other in (("behaviour_kl", self.behaviour_model), ("ref_kl", self.ref_model)):
-            coef = getattr(self, f"{name}_coef")
-            if coef is not None:
+            if getattr(self, f"{name}_coef") is not None:
                 with torch.no_grad():
                     v_other = self.estimator.predict(other, inputs)
-                kl = mean_over_data((v - v_other).square(), 2).mean()
-                out.update({f"loss_{name}": coef * kl, name: kl.detach()})
+                out.update(self._kl_term(name, _velocity_distance(v, v_other)))
         return TensorDict(out, batch_size=[])
 
 
@@ -539,6 +532,7 @@ class DGPOLoss(_PolicyLoss):
         pairs: str = "pairs"
 
     _schedulable_rules = {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}
+    _batch_keys = ("sample", "advantage", "group", "pairs")
 
     def __init__(
         self,
@@ -556,22 +550,11 @@ class DGPOLoss(_PolicyLoss):
         super().__init__()
         if (old_model is None) != (clip_range is None):
             raise ValueError("The clip needs both old_model (the behaviour copy) and clip_range.")
-        if (ref_model is None) != (ref_kl_coef is None):
-            raise ValueError("A KL to the reference policy needs both ref_model and ref_kl_coef.")
         self.model, self.estimator, self.unconditional = model, estimator, unconditional
         self.reference_model, self.old_model, self.ref_model = reference_model, old_model, ref_model
         self.beta = POSITIVE.check("beta", beta)
         self._register_scalar("clip_range", clip_range)
-        self._register_scalar("ref_kl_coef", ref_kl_coef)
-
-    @property
-    def in_keys(self):
-        keys = ["sample", "advantage", "group", "pairs"] + ([] if self.unconditional else ["cond"])
-        return [getattr(self.tensor_keys, k) for k in keys]
-
-    @property
-    def out_keys(self):
-        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+        self._register_kl("ref_kl", "ref_model", ref_model, ref_kl_coef)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
@@ -599,8 +582,7 @@ class DGPOLoss(_PolicyLoss):
                        **ratio_diagnostics(log_ratio))
         out["loss_objective"] = (weight * advantage.detach()[:, None] * matching).mean()
         if self.ref_kl_coef is not None:
-            kl = mean_over_data((v - frozen[id(self.ref_model)]).square(), 2).mean()
-            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
+            out.update(self._kl_term("ref_kl", _velocity_distance(v, frozen[id(self.ref_model)])))
         return TensorDict(out, batch_size=[])
 
     @torch.no_grad()
@@ -643,6 +625,7 @@ class DiffusionNFTLoss(_PolicyLoss):
         pairs: str = "pairs"
 
     _schedulable_rules = {"ref_kl_coef": NON_NEGATIVE}
+    _batch_keys = ("sample", "advantage", "pairs")
 
     @renamed_keywords(kl_coef="ref_kl_coef", adv_max="advantage_max", advantage_clip="advantage_max")
     def __init__(
@@ -659,23 +642,12 @@ class DiffusionNFTLoss(_PolicyLoss):
         unconditional: bool = False,
     ):
         super().__init__()
-        if (ref_model is None) != (ref_kl_coef is None):
-            raise ValueError("A KL to a reference policy needs both ref_model and ref_kl_coef.")
         self.adv_mode = choose("adv_mode", adv_mode, NFT_ADVANTAGE_MODES)
         self.strength = POSITIVE.check("strength", strength)
         self.advantage_max = POSITIVE.check("advantage_max", advantage_max)
         self.model, self.old_model, self.ref_model, self.estimator = model, old_model, ref_model, estimator
         self.unconditional = unconditional
-        self._register_scalar("ref_kl_coef", ref_kl_coef)
-
-    @property
-    def in_keys(self):
-        keys = ["sample", "advantage", "pairs"] + ([] if self.unconditional else ["cond"])
-        return [getattr(self.tensor_keys, k) for k in keys]
-
-    @property
-    def out_keys(self):
-        return ["loss_objective"] + ([] if self.ref_kl_coef is None else ["loss_ref_kl"])
+        self._register_kl("ref_kl", "ref_model", ref_model, ref_kl_coef)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The losses (``loss_*``, with gradient) and detached diagnostics of a batch, as a TensorDict ``[]``."""
@@ -702,9 +674,14 @@ class DiffusionNFTLoss(_PolicyLoss):
         if self.ref_kl_coef is not None:
             with torch.no_grad():
                 v_ref = self.estimator.predict(self.ref_model, inputs)
-            kl = mean_over_data((v_theta - v_ref).square(), 2).mean()
-            out.update(loss_ref_kl=self.ref_kl_coef * kl, ref_kl=kl.detach())
+            out.update(self._kl_term("ref_kl", _velocity_distance(v_theta, v_ref)))
         return TensorDict(out, batch_size=[])
+
+
+def _velocity_distance(v: torch.Tensor, v_other: torch.Tensor) -> torch.Tensor:
+    """The velocity-MSE "KL" of AWM, DGPO and DiffusionNFT per pair ``[B, K]``: ``||v - v_other||^2`` averaged over
+    the data dimensions of ``[B, K, *D]`` predictions."""
+    return mean_over_data((v - v_other).square(), 2)
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:

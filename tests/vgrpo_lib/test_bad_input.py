@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from vgrpo_lib import DiffusionNFTLoss, ELBOSurrogate, FlowGRPOLoss, GroupAdvantage, VGRPOLoss, group_advantage, group_statistics
+from vgrpo_lib import (
+    AWMLoss, DGPOLoss, DiffusionNFTLoss, ELBOSurrogate, FlowGRPOLoss, GroupAdvantage, VGRPOLoss, group_advantage,
+    group_statistics,
+)
 from vgrpo_lib.control import AdaptiveKLController, Linear, Piecewise, SDEWindow, ema_update_
 from vgrpo_lib.objectives import gaussian_kl_same_std, kl_estimate, soft_clip, x_space_kl
 from vgrpo_lib.paths import make_path
@@ -302,6 +305,10 @@ def test_loss_constructor_errors(make_model):
         FlowGRPOLoss(model, ref_kl_coef=0.1)
     with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
         DiffusionNFTLoss(model, model, est, ref_model=model)
+    with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
+        AWMLoss(model, est, ref_kl_coef=0.1)
+    with pytest.raises(ValueError, match="needs both ref_model and ref_kl_coef"):
+        DGPOLoss(model, est, model, ref_model=model)
     with pytest.raises(ValueError, match="strength must be > 0, got 0.0"):
         DiffusionNFTLoss(model, model, est, strength=0.0)
     with pytest.raises(ValueError, match="advantage_max must be finite, got inf"):

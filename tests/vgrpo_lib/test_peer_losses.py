@@ -121,7 +121,7 @@ def test_awm_behaviour_kl_has_a_gradient_and_keys_remap(awm_setup):
     renamed = batch.rename_key_("sample", "x").rename_key_("advantage", "adv")
     assert "x" in loss.in_keys and "adv" in loss.in_keys
     assert torch.isfinite(loss(renamed)["loss_objective"])
-    with pytest.raises(ValueError, match="A KL to the behaviour policy needs both its model and its coefficient"):
+    with pytest.raises(ValueError, match="needs both behaviour_model and behaviour_kl_coef"):
         AWMLoss(model, estimator, behaviour_model=ema)
     with pytest.raises(ValueError, match=r"advantage must be \[B\] = \[6\]"):
         loss(renamed.set("adv", torch.zeros(B, 2, dtype=torch.float64)))
