@@ -77,21 +77,26 @@ def _velocity(model, z: torch.Tensor, t: float, cond) -> torch.Tensor:
     return model(z, _times(z, t), cond)
 
 
-@renamed_keywords(z="noise")
-def sample_euler(
-    model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
-) -> torch.Tensor:
-    """First-order ODE solver ``z <- z + (t_next - t) v`` from ``z = noise`` ``[B, *D]`` at ``grid[0]``; returns
-    the state at ``grid[-1]`` ``[B, *D]``."""
-    grid = _check_grid(grid)
+def _integrate(model, noise: torch.Tensor, grid: list[float], cond, callback: Callback, step) -> torch.Tensor:
+    """The loop every ODE solver shares: from ``z = noise`` at ``grid[0]``, one model call per interval of the (checked)
+    ``grid``, reported to ``callback``, then ``z <- step(i, t, t_next, z, v)``; returns the state at ``grid[-1]``."""
     _check_noise(noise)
     z = noise
     for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
         v = _velocity(model, z, t, cond)
         if callback is not None:
             callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
-        z = z + (t_next - t) * v
+        z = step(i, t, t_next, z, v)
     return z
+
+
+@renamed_keywords(z="noise")
+def sample_euler(
+    model: VelocityModel, noise: torch.Tensor, grid: Sequence[float], cond: Condition = None, callback: Callback = None
+) -> torch.Tensor:
+    """First-order ODE solver ``z <- z + (t_next - t) v`` from ``z = noise`` ``[B, *D]`` at ``grid[0]``; returns
+    the state at ``grid[-1]`` ``[B, *D]``."""
+    return _integrate(model, noise, _check_grid(grid), cond, callback, lambda i, t, t_next, z, v: z + (t_next - t) * v)
 
 
 @renamed_keywords(z="noise")
@@ -100,16 +105,12 @@ def sample_heun(
 ) -> torch.Tensor:
     """Heun's second-order method (trapezoidal correction with a second model call per step), ``[B, *D]`` ->
     ``[B, *D]`` as :func:`sample_euler`."""
-    grid = _check_grid(grid)
-    _check_noise(noise)
-    z = noise
-    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
-        v = _velocity(model, z, t, cond)
-        if callback is not None:
-            callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
+
+    def step(i, t, t_next, z, v):
         z_euler = z + (t_next - t) * v
-        z = z + (t_next - t) * 0.5 * (v + _velocity(model, z_euler, t_next, cond))
-    return z
+        return z + (t_next - t) * 0.5 * (v + _velocity(model, z_euler, t_next, cond))
+
+    return _integrate(model, noise, _check_grid(grid), cond, callback, step)
 
 
 def _half_log_snr(a: float, b: float) -> float:
@@ -137,16 +138,13 @@ def sample_dpmpp_2m(
     step (``b_next = 0``) and any step after an infinite ``h`` use first order. ``[B, *D]`` -> ``[B, *D]``.
     """
     grid, path = _check_grid(grid), make_path(path)
-    _check_noise(noise)
-    z = noise
     times = torch.tensor(grid, dtype=torch.float64)
     a, b = path.a(times).tolist(), path.b(times).tolist()
     lam = [_half_log_snr(ai, bi) for ai, bi in zip(a, b)]
-    x_prev, h_prev = None, math.inf
-    for i, (t, t_next) in enumerate(zip(grid, grid[1:])):
-        v = _velocity(model, z, t, cond)
-        if callback is not None:
-            callback({"i": i, "t": t, "t_next": t_next, "z": z, "v": v})
+    x_prev, h_prev = None, math.inf  # the last step's data prediction and log-SNR step
+
+    def step(i, t, t_next, z, v):
+        nonlocal x_prev, h_prev
         x_hat = path.x_from_v(z, v, _times(z, t))
         h = lam[i + 1] - lam[i]
         if x_prev is None or math.isinf(h) or math.isinf(h_prev):
@@ -154,9 +152,10 @@ def sample_dpmpp_2m(
         else:
             r = h_prev / h
             direction = (1.0 + 0.5 / r) * x_hat - (0.5 / r) * x_prev
-        z = (b[i + 1] / b[i]) * z - a[i + 1] * math.expm1(-h) * direction
         x_prev, h_prev = x_hat, h
-    return z
+        return (b[i + 1] / b[i]) * z - a[i + 1] * math.expm1(-h) * direction
+
+    return _integrate(model, noise, grid, cond, callback, step)
 
 
 ODE_SOLVERS = {"euler": sample_euler, "heun": sample_heun, "dpmpp_2m": sample_dpmpp_2m}
