@@ -54,6 +54,18 @@ __all__ = ["AWMLoss", "DGPOLoss", "DiffusionNFTLoss", "FLOW_GRPO_KL_FORMS", "Flo
 FLOW_GRPO_KL_FORMS = ("exact", "flow_grpo")
 
 
+@dataclass
+class _SampleKeys:
+    """The batch entries of the losses on whole samples, each remappable with ``set_keys``: ``sample`` the generated
+    samples ``[B, *D]``, ``cond`` the prompt conditioning, ``advantage`` ``[B]``, ``pairs`` the timestep-noise pairs
+    ``[B, K]``."""
+
+    sample: str = "sample"
+    cond: str = "cond"
+    advantage: str = "advantage"
+    pairs: str = "pairs"
+
+
 class _PolicyLoss(LossModule):
     """Shared plumbing: key access with clear errors, the schedulable scalar buffers, no value estimator.
 
@@ -189,11 +201,7 @@ class VGRPOLoss(_PolicyLoss):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        sample: str = "sample"
-        cond: str = "cond"
-        advantage: str = "advantage"
-        pairs: str = "pairs"
+    class _AcceptedKeys(_SampleKeys):
         old_log_prob: str = "old_log_prob"
         old_x_pred: str = "old_x_pred"
 
@@ -433,13 +441,7 @@ class AWMLoss(_PolicyLoss):
     and the KL values.
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        sample: str = "sample"
-        cond: str = "cond"
-        advantage: str = "advantage"
-        pairs: str = "pairs"
-
+    _AcceptedKeys = _SampleKeys
     _schedulable_rules = {"behaviour_kl_coef": NON_NEGATIVE, "ref_kl_coef": NON_NEGATIVE}
     _batch_keys = ("sample", "advantage", "pairs")
 
@@ -516,20 +518,8 @@ class DGPOLoss(_PolicyLoss):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Attributes:
-        sample: the generated samples ``[B, *D]``.
-        cond: the prompt conditioning.
-        advantage: the advantages ``[B]``.
-        group: the prompt-group ids ``[B]``.
-        pairs: the timestep-noise pairs ``[B, K]``.
-        """
-
-        sample: str = "sample"
-        cond: str = "cond"
-        advantage: str = "advantage"
-        group: str = "group"
-        pairs: str = "pairs"
+    class _AcceptedKeys(_SampleKeys):
+        group: str = "group"  # the prompt-group ids [B]
 
     _schedulable_rules = {"clip_range": CLIP_RANGE, "ref_kl_coef": NON_NEGATIVE}
     _batch_keys = ("sample", "advantage", "group", "pairs")
@@ -617,13 +607,7 @@ class DiffusionNFTLoss(_PolicyLoss):
     Batch entries: ``sample`` ``[B, *D]``, ``cond``, ``advantage`` ``[B]``, ``pairs`` ``[B, K]``.
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        sample: str = "sample"
-        cond: str = "cond"
-        advantage: str = "advantage"
-        pairs: str = "pairs"
-
+    _AcceptedKeys = _SampleKeys
     _schedulable_rules = {"ref_kl_coef": NON_NEGATIVE}
     _batch_keys = ("sample", "advantage", "pairs")
 
