@@ -17,10 +17,12 @@ from torch import nn
 from vgrpo_lib.algorithms.cli import main as cli_main
 from vgrpo_lib.algorithms.run_dir import RunDir
 from vgrpo_lib.algorithms.trainer import Trainer
+from tests.algorithms.conftest import evaluation_table
 
 __all__ = [
-    "KL_ON", "PROMPTS", "TINY_RUN", "assert_pipeline_lora_is_the_trained_policy", "model_overrides",
-    "one_torch_thread", "train_interrupt_resume_export", "write_prompt_files",
+    "KL_ON", "PROMPTS", "TINY_RUN", "assert_eval_repeats_the_run", "assert_pipeline_lora_is_the_trained_policy",
+    "model_overrides", "one_torch_thread", "train_interrupt_resume_export", "train_straight_and_resumed",
+    "write_prompt_files",
 ]
 
 PROMPTS = ["a red cat", "two dogs", "a house", "the sea"]
@@ -88,6 +90,36 @@ def train_interrupt_resume_export(train_argv: list[str], tmp_path: Path) -> tupl
 
     assert cli_main(["export", "--run", str(straight), "--out", str(exported)]) == 0
     return straight, state, exported
+
+
+def train_straight_and_resumed(config, tmp_path: Path) -> tuple[Trainer, list[dict]]:
+    """``config`` (two iterations) trained straight in tmp_path/"straight" and again in tmp_path/"cut", stopped
+    after one iteration and resumed with :meth:`Trainer.resume`. Asserts LoRA-only checkpoints at iteration 2 and
+    the same weights (up to float summation order). Returns the straight trainer and its evaluations."""
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    evaluations = straight.train()
+    state = RunDir(tmp_path / "straight").load_latest_checkpoint()
+    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
+
+    Trainer(config, tmp_path / "cut", progress=False).train(until=1)
+    resumed = Trainer.resume(tmp_path / "cut", progress=False)
+    resumed.train()
+    final = resumed.policy.state_dict()
+    for key, value in straight.policy.state_dict().items():
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
+    return straight, evaluations
+
+
+def assert_eval_repeats_the_run(run: Path, evaluations: list[dict], capsys) -> dict:
+    """``vgrpo eval --run RUN`` prints, for each metric, the base policy's and the trained one's values: the run's own
+    first and last ``evaluations``. Returns the printed table (metric -> (base, trained))."""
+    capsys.readouterr()
+    assert cli_main(["eval", "--run", str(run)]) == 0
+    table = evaluation_table(capsys.readouterr().out)
+    for metric, (base, trained) in table.items():
+        assert base == pytest.approx(evaluations[0][metric], abs=6e-4, nan_ok=True), metric
+        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4, nan_ok=True), metric
+    return table
 
 
 def assert_pipeline_lora_is_the_trained_policy(run: Path, loaded: nn.Module, prompts: list[str] = PROMPTS[:3]) -> None:

@@ -14,7 +14,6 @@ pytest.importorskip("peft")
 
 from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
 from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
-from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task, rollout_grid  # noqa: E402
 from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.diffusers_adapters import load_policy  # noqa: E402
@@ -26,7 +25,7 @@ from vgrpo_lib.integrations.packed_weights import unpacked_folder  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3 import render  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_sd3.build import CLIP_LENGTH, PIPELINE_DIR, build_pipeline  # noqa: E402
 from vgrpo_lib.integrations.tasks.mnist_sd3 import digit_metrics, number_judge, number_slots  # noqa: E402
-from tests.algorithms.conftest import evaluation_table  # noqa: E402
+from tests.integrations.hub_cli import assert_eval_repeats_the_run, train_straight_and_resumed  # noqa: E402
 
 # A short run: 4 prompts x 4 images, 4 rollout steps, 2 pairs; a small evaluation.
 SHORT = ["iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "vgrpo.num_pairs=2",
@@ -126,27 +125,11 @@ def test_judges_read_real_rendered_digits_and_numbers():
 
 def test_vgrpo_on_mnist_sd3_checkpoints_lora_only_and_resumes_exactly(pipeline, tmp_path, capsys):
     config = build_config("vgrpo", "digit", "mnist-sd3", [*SHORT, *pipeline])
-    straight = Trainer(config, tmp_path / "straight", progress=False)
-    evaluations = straight.train()
+    _, evaluations = train_straight_and_resumed(config, tmp_path)
     assert {"accuracy", "judge_accuracy", "judge_gap", "diversity", "reward_mean"} <= set(evaluations[-1])
-    state = RunDir(tmp_path / "straight").load_latest_checkpoint()
-    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
-
-    Trainer(config, tmp_path / "cut", progress=False).train(until=1)
-    resumed = Trainer.resume(tmp_path / "cut", progress=False)
-    resumed.train()
-    final = resumed.policy.state_dict()
-    for key, value in straight.policy.state_dict().items():
-        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
-
     # vgrpo eval on a hub task: the base (LoRA off) and the trained policy, as the run's own evaluations
-    capsys.readouterr()
-    assert cli_main(["eval", "--run", str(tmp_path / "straight")]) == 0
-    table = evaluation_table(capsys.readouterr().out)
+    table = assert_eval_repeats_the_run(tmp_path / "straight", evaluations, capsys)
     assert set(table) == {"reward_mean", "accuracy", "judge_accuracy", "judge_gap", "diversity"}
-    for metric, (base, trained) in table.items():
-        assert base == pytest.approx(evaluations[0][metric], abs=6e-4, nan_ok=True), metric
-        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4, nan_ok=True), metric
 
     out = tmp_path / "trained.npz"
     assert cli_main(["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "1", "--seed", "0", "--out", str(out)]) == 0

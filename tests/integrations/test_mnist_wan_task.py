@@ -16,7 +16,6 @@ pytest.importorskip("peft")
 
 from vgrpo_lib.algorithms.cli import main as cli_main  # noqa: E402
 from vgrpo_lib.algorithms.presets import build_config  # noqa: E402
-from vgrpo_lib.algorithms.run_dir import RunDir  # noqa: E402
 from vgrpo_lib.algorithms.tasks import load_task  # noqa: E402
 from vgrpo_lib.algorithms.trainer import Trainer  # noqa: E402
 from vgrpo_lib.integrations.tasks.hub import HUB_MODELS  # noqa: E402
@@ -30,7 +29,7 @@ from vgrpo_lib.integrations.testbed.mnist_wan.build import PIPELINE_DIR  # noqa:
 from vgrpo_lib.integrations.testbed.mnist_wan.prompts import motion_prompts  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.render import DIRECTIONS, render_clips  # noqa: E402
 from vgrpo_lib.integrations.testbed.mnist_wan.rewards import MotionReward  # noqa: E402
-from tests.algorithms.conftest import evaluation_table  # noqa: E402
+from tests.integrations.hub_cli import assert_eval_repeats_the_run, train_straight_and_resumed  # noqa: E402
 
 # A short run: 4 prompts x 4 clips, 4 rollout steps, 2 pairs; a small evaluation (120 held-out prompts, 1 clip each).
 SHORT = ["iterations=2", "prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "vgrpo.num_pairs=2",
@@ -109,27 +108,11 @@ def test_a_reward_that_reads_videos_is_not_averaged_over_frames():
 
 def test_vgrpo_on_mnist_wan_checkpoints_lora_only_resumes_exactly_and_samples(tmp_path, capsys):
     config = build_config("vgrpo", None, "mnist-wan", SHORT)
-    straight = Trainer(config, tmp_path / "straight", progress=False)
-    evaluations = straight.train()
+    _, evaluations = train_straight_and_resumed(config, tmp_path)
     assert {"accuracy", "judge_accuracy", "digit_accuracy", "direction_accuracy"} <= set(evaluations[-1])
-    state = RunDir(tmp_path / "straight").load_latest_checkpoint()
-    assert state["iteration"] == 2 and state["policy"] and all("lora_" in k for k in state["policy"])
     assert (tmp_path / "straight" / "samples_iter_000002.png").is_file()  # labelled frame strips
-
-    Trainer(config, tmp_path / "cut", progress=False).train(until=1)
-    resumed = Trainer.resume(tmp_path / "cut", progress=False)
-    resumed.train()
-    final = resumed.policy.state_dict()
-    for key, value in straight.policy.state_dict().items():
-        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6)
-
-    capsys.readouterr()
-    assert cli_main(["eval", "--run", str(tmp_path / "straight")]) == 0
-    table = evaluation_table(capsys.readouterr().out)
+    table = assert_eval_repeats_the_run(tmp_path / "straight", evaluations, capsys)
     assert {"reward_mean", "accuracy", "judge_accuracy"} <= set(table)
-    for metric, (base, trained) in table.items():
-        assert base == pytest.approx(evaluations[0][metric], abs=6e-4, nan_ok=True), metric
-        assert trained == pytest.approx(evaluations[-1][metric], abs=6e-4, nan_ok=True), metric
 
     out = tmp_path / "clips.npz"
     argv = ["sample", "--run", str(tmp_path / "straight"), "--per-prompt", "1", "--seed", "0", "--steps", "2"]
