@@ -69,15 +69,7 @@ def parse_schedule(spec: str, start: float, key: str, rule: Rule, *, adaptive: b
         raise UsageError(f"Unknown {key} schedule {name!r}; expected one of {', '.join(allowed)}.")
     expected = _PARAMETERS[name]
     allowed_keys = {**expected, **({} if name == "adaptive" else {"warmup": int})}
-    params = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        param, _, text = item.partition("=")
-        if param not in allowed_keys:
-            raise UsageError(f"{key}: the {name} schedule takes {', '.join(allowed_keys) or 'no parameters'}, got {param!r}.")
-        try:
-            params[param] = allowed_keys[param](text)
-        except ValueError:
-            raise UsageError(f"{key}: {name} schedule parameter {param}={text!r} does not parse.") from None
+    params = parse_fields(rest, f"{key} ({name} schedule)", allowed_keys, ", ".join(allowed_keys) or "no parameters")
     missing = [p for p in expected if p not in params]
     if missing:
         raise UsageError(f"{key}: the {name} schedule needs {', '.join(f'{p}=...' for p in missing)} (got {spec!r}).")

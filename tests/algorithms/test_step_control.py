@@ -1,6 +1,7 @@
 """Schedules, the adaptive KL controller and multi-reward runs reach a training run through the config."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -47,15 +48,15 @@ def test_adaptive_is_the_adaptive_kl_controller_and_only_for_kl_coefficients():
     [
         ("cosin", "Unknown schedule.lr schedule 'cosin'; expected one of constant, linear, cosine, piecewise"),
         ("linear:end=0", "schedule.lr: the linear schedule needs steps=..."),
-        ("linear:end=0,steps=x", "schedule.lr: linear schedule parameter steps='x' does not parse"),
-        ("linear:end=0,steps=4,speed=2", "schedule.lr: the linear schedule takes end, steps, warmup, got 'speed'"),
+        ("linear:end=0,steps=x", "schedule.lr (linear schedule): steps='x' does not parse"),
+        ("linear:end=0,steps=4,speed=2", "schedule.lr (linear schedule) takes end, steps, warmup, got 'speed=2'"),
         ("linear:end=0,steps=0", "schedule.lr: steps must be a positive integer"),
         ("piecewise:at=3,values=1", "schedule.lr: Piecewise needs one more value than boundaries"),
         ("constant:warmup=0", "schedule.lr: warmup must be >= 1"),
     ],
 )
 def test_bad_schedules_name_the_key(spec, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         parse_schedule(spec, 1.0, "schedule.lr", SCHEDULED_LR)
 
 
