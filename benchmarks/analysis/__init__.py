@@ -8,8 +8,8 @@ output.
 Reports on committed raw data (tested): :mod:`.first_iteration_rewards`, :mod:`.heldout_selection`,
 :mod:`.kept_selection`, :mod:`.table_sizes`, :mod:`.repeat_check`, :mod:`.gpu_geneval_summary`, :mod:`.cpu_vs_gpu`,
 :mod:`.main_job_phases`, :mod:`.geneval_table`, :mod:`.training_speed`, :mod:`.iteration_budget`, :mod:`.sampler_gap`,
-:mod:`.heldout_curves`. Reports on the file times of the machine that made the runs (a git checkout resets them, so
-they reproduce only there): :mod:`.protocol_wall_times`, :mod:`.comparison_gaps`. Runs and probes that train or
+:mod:`.heldout_curves`, :mod:`.phrasing_gap`. Reports on the file times of the machine that made the runs (a git
+checkout resets them, so they reproduce only there): :mod:`.protocol_wall_times`, :mod:`.comparison_gaps`. Runs and probes that train or
 sample (minutes to hours on CPU; their logs are the record): :mod:`.ema_check`, :mod:`.gpu_geneval_train_one`,
 :mod:`.reading_control`, and the pilots and probes that made the shipped MNIST-SD3 pipelines (``mnist_sd3_*``,
 ``geneval_pipeline_*``).

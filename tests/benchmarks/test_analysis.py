@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import pkgutil
+import re
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from vgrpo_lib.benchmarks.analysis.kept_selection import kept_selection
 from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
+from vgrpo_lib.benchmarks.analysis.phrasing_gap import phrasing_gap
 from vgrpo_lib.benchmarks.analysis.repeat_check import repeat_check
 from vgrpo_lib.benchmarks.analysis.sampler_gap import sampler_gap
 from vgrpo_lib.benchmarks.analysis.table_sizes import table_sizes
@@ -47,6 +49,8 @@ REPORTS = {  # committed output: how it is made from the committed raw data
     "iteration-budget/budget.txt": lambda: iteration_budget(RESULTS),
     "sampler-gap-mnist-sd3-digit/gap.md": lambda: sampler_gap(
         RESULTS / "sampler-gap-mnist-sd3-digit", RESULTS / "compare-mnist-sd3-digit-nfe-decay"),
+    "phrasing-gap-mnist-sd3-digit/gap.md": lambda: phrasing_gap(
+        RESULTS / "phrasing-gap-mnist-sd3-digit", RESULTS / "compare-mnist-sd3-digit-k4"),
     "compare-mnist-sd3-ocr-lean/heldout_curves.md": lambda: heldout_curves(RESULTS / "compare-mnist-sd3-ocr-lean"),
     "compare-mnist-sd3-digit-heldout/repeat_check.txt": lambda: repeat_check(
         RESULTS / "compare-mnist-sd3-digit-heldout", json.loads(read_stored_text(RESULTS / "compare-mnist-sd3-digit/summary.json"))),
@@ -157,6 +161,32 @@ def test_the_sampler_gap_refuses_runs_it_cannot_pair(tmp_path):
         sampler_gap(study, comparison)
 
 
+def test_the_phrasing_gap_refuses_runs_it_cannot_pair(tmp_path):
+    """The phrasing study pairs, per setting and seed, the run evaluated on the held-out prompts with the one
+    evaluated on the training prompts: a seed with one of them, a run of another name or two runs of different
+    lengths are refused naming the problem; the report's gap is the difference of the two evaluations."""
+    kept = RESULTS / "phrasing-gap-mnist-sd3-digit" / "runs"
+    comparison = RESULTS / "compare-mnist-sd3-digit-k4"
+    setting = "vgrpo+lean_paper_soft_clip_lr0.003"
+    study = tmp_path / "study"
+    shutil.copytree(kept / f"heldout_{setting}_seed0", study / "runs" / f"heldout_{setting}_seed0")
+    with pytest.raises(ValueError, match=f"{re.escape(setting)} seed 0 has only its heldout run"):
+        phrasing_gap(study, comparison)
+    shutil.copytree(kept / f"heldout_{setting}_seed0", study / "runs" / f"training_{setting}_seed0")  # itself
+    report = phrasing_gap(study, comparison)
+    assert "equal for the first 230 iterations" in report and "+0.000 on average" in report
+    shutil.copytree(kept / f"training_{setting}_seed1", study / "runs" / f"seed1_{setting}")
+    with pytest.raises(ValueError, match=f"seed1_{re.escape(setting)}: not a run of this study"):
+        phrasing_gap(study, comparison)
+    shutil.rmtree(study / "runs" / f"seed1_{setting}")
+    run = RunDir(study / "runs" / f"training_{setting}_seed0")
+    metrics = run.read_rows("metrics.csv")
+    (run.root / "metrics.csv.gz").unlink()
+    run.write_rows("metrics.csv", metrics[:-1])
+    with pytest.raises(ValueError, match=f"{re.escape(setting)} seed 0: the two runs trained 230 and 229 iterations"):
+        phrasing_gap(study, comparison)
+
+
 def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
     day = 1_800_000_000  # 2027-01-15 08:00:00 UTC
     for name, start, end in (("vgrpo_one_step_lr0.001_seed100", 0, 60), ("vgrpo_one_step_lr0.001_seed0", 90, 150),
@@ -181,8 +211,8 @@ def test_the_file_time_reports_read_the_times_of_the_runs(tmp_path):
 
 def test_every_analysis_module_imports_without_running_and_has_a_main():
     names = [m.name for m in pkgutil.iter_modules(analysis.__path__)]
-    assert len(names) == 31  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
-    # kept_selection, sampler_gap, heldout_curves
+    assert len(names) == 32  # the 24 scripts results/ held, training_speed, iteration_budget, cpu_share, pair_ratios,
+    # kept_selection, sampler_gap, heldout_curves, phrasing_gap
     for name in names:
         module = importlib.import_module(f"vgrpo_lib.benchmarks.analysis.{name}")
         assert callable(module.main) and module.__doc__ and "main" in module.__all__, name
