@@ -67,7 +67,9 @@ class _SampleKeys:
 
 
 class _PolicyLoss(LossModule):
-    """Shared plumbing: key access with clear errors, the schedulable scalar buffers, no value estimator.
+    """Shared plumbing: key access with clear errors, the schedulable scalar buffers, the in/out keys (from
+    ``_batch_keys`` and the KL terms that are on), the KL terms' model-and-coefficient pairing and outputs, no value
+    estimator.
 
     ``_schedulable_rules`` is the one declaration of the scalars a schedule may assign: each buffer's name and its
     :class:`~vgrpo_lib.rules.Rule`. The constructor registers them with :meth:`_register_scalar` (checked by the
