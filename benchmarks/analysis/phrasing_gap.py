@@ -26,7 +26,7 @@ from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
 from vgrpo_lib.benchmarks.compare.protocol import SMOOTHING
-from vgrpo_lib.benchmarks.compare.stats import smoothed
+from vgrpo_lib.benchmarks.compare.stats import first_heldout_evaluation, smoothed
 
 __all__ = ["main", "phrasing_gap"]
 
@@ -48,17 +48,15 @@ def _pairs(folder: Path) -> dict[str, dict[int, dict[str, RunDir]]]:
     return runs
 
 
-def _evaluations(run: RunDir) -> dict[int, float]:
-    return {e["iteration"]: e["reward_mean"] for e in run.read_jsonl("eval.jsonl")}
-
-
-def _first(curve: dict[int, float], target: float) -> int | None:
-    return next((it for it in sorted(curve) if it > 0 and curve[it] >= target), None)
+def _first(evaluations: list[dict], target: float) -> str:
+    """The iteration at which the protocol's held-out clock stops on ``evaluations``, or ``never``."""
+    first = first_heldout_evaluation(evaluations, target)
+    return "never" if first is None else str(first["iteration"])
 
 
 def _setting_section(setting: str, seeds: dict[int, dict[str, RunDir]], heldout_target: float) -> list[str]:
     lines = [f"## {setting}", ""]
-    gaps, firsts = [], []
+    gaps, read_gaps, firsts = [], [], []
     for seed, pair in sorted(seeds.items()):
         rows = {name: run.read_rows("metrics.csv") for name, run in pair.items()}
         if len(rows["heldout"]) != len(rows["training"]):
@@ -67,7 +65,9 @@ def _setting_section(setting: str, seeds: dict[int, dict[str, RunDir]], heldout_
         differences = [abs(a["reward_mean"] - b["reward_mean"]) for a, b in zip(rows["heldout"], rows["training"])]
         equal = next((i for i, d in enumerate(differences) if d > 0), len(differences))
         training = smoothed(rows["heldout"])
-        heldout, on_training = _evaluations(pair["heldout"]), _evaluations(pair["training"])
+        evaluations = {name: run.read_jsonl("eval.jsonl") for name, run in pair.items()}
+        heldout, on_training = ({e["iteration"]: e["reward_mean"] for e in evaluations[name]}
+                                for name in ("heldout", "training"))
         iterations = sorted(set(heldout) & set(on_training))
         lines += [f"Seed {seed}: the two runs' training rewards are equal for the first {equal} iterations, then "
                   f"differ by at most {max(differences):.1e}.", "",
@@ -77,16 +77,19 @@ def _setting_section(setting: str, seeds: dict[int, dict[str, RunDir]], heldout_
             lines.append(f"| {it} | {training[min(it, len(training) - 1)]:.3f} | {heldout[it]:.3f} | "
                          f"{on_training[it]:.3f} | {on_training[it] - heldout[it]:+.3f} |")
             gaps.append((it, on_training[it] - heldout[it]))
-        firsts.append((seed, _first(heldout, heldout_target), _first(on_training, heldout_target)))
+            read_gaps.append((it, heldout[it] - training[min(it, len(training) - 1)]))
+        firsts.append((seed, *(_first(evaluations[name], heldout_target) for name in ("heldout", "training"))))
         lines.append("")
     base = [gap for it, gap in gaps if it == 0]
     after = [gap for it, gap in gaps if it > 0]
     lines.append(f"Over {len(seeds)} seeds: phrasing gap (training-prompt evaluation minus held-out) "
                  f"{statistics.mean(base):+.3f} at the base policy, {statistics.mean(after):+.3f} on average over "
                  f"the {len(after)} evaluations after it (range {min(after):+.3f} to {max(after):+.3f}).")
+    read = [gap for it, gap in read_gaps if it > 0]
+    lines.append(f"The held-out-prompt evaluation minus the smoothed training reward: {statistics.mean(read):+.3f} on "
+                 f"average over those evaluations (range {min(read):+.3f} to {max(read):+.3f}).")
     lines += [f"Seed {seed}: first evaluation at the held-out target ({heldout_target:.4f}) on the held-out prompts "
-              f"{'never' if held is None else held}, on the training prompts {'never' if on is None else on}."
-              for seed, held, on in firsts]
+              f"{held}, on the training prompts {on}." for seed, held, on in firsts]
     return lines + [""]
 
 

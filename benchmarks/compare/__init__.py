@@ -57,7 +57,7 @@ from vgrpo_lib.benchmarks.compare.runner import (
 )
 from vgrpo_lib.benchmarks.compare.stats import (
     BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
-    HELDOUT_KEPT, heldout_target_rule, heldout_time_to_target, keeps_heldout_target, median_ratio_interval,
+    first_heldout_evaluation, HELDOUT_KEPT, heldout_target_rule, heldout_time_to_target, keeps_heldout_target, median_ratio_interval,
     median_ratios, selection_key, smoothed, summarise_run,
     target_rule, time_to_target,
 )
@@ -67,7 +67,7 @@ __all__ = [
     "LEARNING_RATES", "MIN_SEEDS", "POLL_SECONDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
     "check_comparison_folder", "chosen_config", "cosine_decay",
-    "finished_run", "heldout_target_rule", "heldout_time_to_target", "keeps_heldout_target", "markdown_table", "median_ratio_interval",
+    "finished_run", "first_heldout_evaluation", "heldout_target_rule", "heldout_time_to_target", "keeps_heldout_target", "markdown_table", "median_ratio_interval",
     "median_ratios",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "setting_budget", "setting_config",
     "setting_iterations",

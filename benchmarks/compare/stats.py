@@ -13,8 +13,8 @@ from vgrpo_lib.benchmarks.compare.protocol import SELECTIONS, SMOOTHING, TARGET_
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES", "DIAGNOSTICS", "EXCEEDS_SUFFIX", "HELDOUT_RATIO_KEYS", "INTERVAL", "OPTIONAL_COSTS", "TO_TARGET",
-    "TRAINING_RATIO_KEYS", "aggregate_seeds", "heldout_target_rule", "heldout_time_to_target", "median_ratio_interval",
-    "median_ratios",
+    "TRAINING_RATIO_KEYS", "aggregate_seeds", "first_heldout_evaluation", "heldout_target_rule",
+    "heldout_time_to_target", "median_ratio_interval", "median_ratios",
     "HELDOUT_KEPT", "keeps_heldout_target", "selection_key", "smoothed", "summarise_run", "target_rule",
     "time_to_target",
 ]
@@ -75,11 +75,16 @@ def time_to_target(metrics: list[dict], target: float) -> dict:
     return _costs_at(next((row for row, value in zip(metrics, smoothed(metrics)) if value >= target), None))
 
 
+def first_heldout_evaluation(evaluations: list[dict], target: float) -> dict | None:
+    """The first evaluation after the base one (iteration 0) whose held-out reward reaches ``target`` (None if none
+    does): where the protocol's held-out clock stops."""
+    return next((e for e in evaluations if e["iteration"] > 0 and e["reward_mean"] >= target), None)
+
+
 def heldout_time_to_target(evaluations: list[dict], target: float) -> dict:
-    """The same at the first evaluation after the base one (iteration 0) whose held-out reward reaches ``target``,
-    keys prefixed ``heldout_``. Its clock ticks once per evaluation (``eval.every`` iterations)."""
-    return _costs_at(next((e for e in evaluations if e["iteration"] > 0 and e["reward_mean"] >= target), None),
-                     "heldout_")
+    """The same at :func:`first_heldout_evaluation`, keys prefixed ``heldout_``. Its clock ticks once per evaluation
+    (``eval.every`` iterations)."""
+    return _costs_at(first_heldout_evaluation(evaluations, target), "heldout_")
 
 
 def _exceeds(costs: dict, end: dict) -> dict:
