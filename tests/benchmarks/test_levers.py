@@ -235,3 +235,4 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
         assert built["adaptive_k_smoothed"].vgrpo.adaptive_pairs == "share=0.5,max=16,every=5,smoothing=0.7"
         assert (built["k2"].vgrpo.num_pairs, built["k4"].vgrpo.num_pairs, built["k8"].vgrpo.num_pairs) == (2, 4, 8)
         assert (plain.advantage.scale, built["batch_scale"].advantage.scale) == ("group", "batch")
+        assert (built["euler_6"].rollout.num_steps, built["euler_4"].rollout.num_steps) == (6, 4)
