@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import read_stored_text
+from vgrpo_lib.benchmarks.compare.stats import first_heldout_evaluation
 
-__all__ = ["RESULTS", "heldout_comparisons", "results_parser"]
+__all__ = ["RESULTS", "first_heldout_iteration", "heldout_comparisons", "results_parser", "study_parser"]
 
 RESULTS = Path("results")  # the repository's results/ folder, from the repository root
 
@@ -34,6 +35,22 @@ def results_parser(doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results/ folder (default: ./results)")
     return parser
+
+
+def study_parser(doc: str | None, folder_help: str) -> argparse.ArgumentParser:
+    """An argument parser for a study read against a comparison: the study's ``folder`` (``folder_help`` says what
+    its ``runs/`` hold) and ``--comparison DIR``, whose targets the report reads."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path, help=folder_help)
+    parser.add_argument("--comparison", type=Path, required=True, help="the comparison whose targets are read")
+    return parser
+
+
+def first_heldout_iteration(evaluations: list[dict], target: float) -> str:
+    """The iteration at which the protocol's held-out clock stops on ``evaluations``
+    (:func:`~vgrpo_lib.benchmarks.compare.stats.first_heldout_evaluation`), or ``never``: as the reports print it."""
+    first = first_heldout_evaluation(evaluations, target)
+    return "never" if first is None else str(first["iteration"])
 
 
 def heldout_comparisons(results: Path) -> Iterator[tuple[Path, dict]]:

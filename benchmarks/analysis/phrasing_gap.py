@@ -17,7 +17,6 @@ phrasings' (and, where the runs part, that of two nearly equal trainings).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -25,8 +24,9 @@ import sys
 from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
+from vgrpo_lib.benchmarks.analysis import first_heldout_iteration, study_parser
 from vgrpo_lib.benchmarks.compare.protocol import SMOOTHING
-from vgrpo_lib.benchmarks.compare.stats import first_heldout_evaluation, smoothed
+from vgrpo_lib.benchmarks.compare.stats import smoothed
 
 __all__ = ["main", "phrasing_gap"]
 
@@ -46,12 +46,6 @@ def _pairs(folder: Path) -> dict[str, dict[int, dict[str, RunDir]]]:
             if len(pair) != 2:
                 raise ValueError(f"{folder}/runs: {setting} seed {seed} has only its {', '.join(pair)} run")
     return runs
-
-
-def _first(evaluations: list[dict], target: float) -> str:
-    """The iteration at which the protocol's held-out clock stops on ``evaluations``, or ``never``."""
-    first = first_heldout_evaluation(evaluations, target)
-    return "never" if first is None else str(first["iteration"])
 
 
 def _setting_section(setting: str, seeds: dict[int, dict[str, RunDir]], heldout_target: float) -> list[str]:
@@ -78,7 +72,7 @@ def _setting_section(setting: str, seeds: dict[int, dict[str, RunDir]], heldout_
                          f"{on_training[it]:.3f} | {on_training[it] - heldout[it]:+.3f} |")
             gaps.append((it, on_training[it] - heldout[it]))
             read_gaps.append((it, heldout[it] - training[min(it, len(training) - 1)]))
-        firsts.append((seed, *(_first(evaluations[name], heldout_target) for name in ("heldout", "training"))))
+        firsts.append((seed, *(first_heldout_iteration(evaluations[name], heldout_target) for name in ("heldout", "training"))))
         lines.append("")
     base = [gap for it, gap in gaps if it == 0]
     after = [gap for it, gap in gaps if it > 0]
@@ -109,10 +103,7 @@ def phrasing_gap(folder: Path, comparison: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", type=Path, help="the study's folder (its runs/heldout|training_<setting>_seed<S>)")
-    parser.add_argument("--comparison", type=Path, required=True, help="the comparison whose held-out target is read")
-    args = parser.parse_args(argv)
+    args = study_parser(__doc__, "the study's folder (its runs/heldout|training_<setting>_seed<S>)").parse_args(argv)
     sys.stdout.write(phrasing_gap(args.folder, args.comparison))
     return 0
 

@@ -17,7 +17,6 @@ per iteration, smoothed over a few iterations, crosses a target on a high draw f
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgrpo_lib.algorithms.run_dir import RunDir, read_stored_text
+from vgrpo_lib.benchmarks.analysis import first_heldout_iteration, study_parser
 from vgrpo_lib.benchmarks.compare.protocol import SMOOTHING
 from vgrpo_lib.benchmarks.compare.stats import smoothed
 
@@ -38,22 +38,24 @@ TRAINING_COLUMNS = ("reward_mean", "loss_objective")  # equal row by row in both
 @dataclass
 class _PairedSeed:
     """One seed's two runs: the sampler steps of each (``few`` < ``many``), whether they trained alike, the smoothed
-    training reward per iteration and each run's held-out reward per evaluated iteration."""
+    training reward per iteration and each run's evaluations."""
     seed: int
     few: int
     many: int
     same_training: bool
     training: list[float]
-    heldout: dict[int, dict[int, float]]  # {steps: {iteration: reward}}
+    evaluations: dict[int, list[dict]]  # {steps: the run's eval.jsonl rows}
 
     @property
-    def iterations(self) -> list[int]:
-        return sorted(set(self.heldout[self.few]) & set(self.heldout[self.many]))
+    def heldout(self) -> dict[int, dict[int, float]]:
+        """``{steps: {iteration: held-out reward}}``."""
+        return {steps: {e["iteration"]: e["reward_mean"] for e in rows} for steps, rows in self.evaluations.items()}
 
     def rows(self) -> list[tuple[int, float, float, float]]:
-        """``(iteration, training, held-out with many steps, held-out with few)`` at each evaluation."""
-        return [(it, self.training[min(it, len(self.training) - 1)], self.heldout[self.many][it],
-                 self.heldout[self.few][it]) for it in self.iterations]
+        """``(iteration, training, held-out with many steps, held-out with few)`` at each evaluation of both runs."""
+        heldout = self.heldout
+        return [(it, self.training[min(it, len(self.training) - 1)], heldout[self.many][it], heldout[self.few][it])
+                for it in sorted(set(heldout[self.few]) & set(heldout[self.many]))]
 
 
 def _paired_seeds(folder: Path) -> list[_PairedSeed]:
@@ -73,14 +75,9 @@ def _paired_seeds(folder: Path) -> list[_PairedSeed]:
         if len(metrics[0]) != len(metrics[1]):
             raise ValueError(f"seed {seed}: the two runs trained {len(metrics[0])} and {len(metrics[1])} iterations")
         same = all(a[key] == b[key] for a, b in zip(*metrics) for key in TRAINING_COLUMNS)
-        heldout = {steps: {e["iteration"]: e["reward_mean"] for e in run.read_jsonl("eval.jsonl")}
-                   for steps, run in by_steps.items()}
-        seeds.append(_PairedSeed(seed, few, many, same, smoothed(metrics[1]), heldout))
+        evaluations = {steps: run.read_jsonl("eval.jsonl") for steps, run in by_steps.items()}
+        seeds.append(_PairedSeed(seed, few, many, same, smoothed(metrics[1]), evaluations))
     return seeds
-
-
-def _first_reaching(pairs, target: float) -> str:
-    return next((str(iteration) for iteration, value in pairs if iteration > 0 and value >= target), "never")
 
 
 def _seed_section(paired: _PairedSeed, training_target: float, heldout_target: float) -> list[str]:
@@ -97,8 +94,8 @@ def _seed_section(paired: _PairedSeed, training_target: float, heldout_target: f
     reached = next((str(i) for i, v in enumerate(paired.training) if v >= training_target), "never")
     lines += ["", f"First iteration at the training target ({training_target:.4f}): {reached}; first evaluation at "
                   f"the held-out target ({heldout_target:.4f}) with {many} steps: "
-                  f"{_first_reaching([(r[0], r[2]) for r in rows], heldout_target)}, with {few} steps: "
-                  f"{_first_reaching([(r[0], r[3]) for r in rows], heldout_target)}.", ""]
+                  f"{first_heldout_iteration(paired.evaluations[many], heldout_target)}, with {few} steps: "
+                  f"{first_heldout_iteration(paired.evaluations[few], heldout_target)}.", ""]
     return lines
 
 
@@ -129,10 +126,7 @@ def sampler_gap(folder: Path, comparison: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", type=Path, help="the study's folder (its runs/eval<N>_seed<S>)")
-    parser.add_argument("--comparison", type=Path, required=True, help="the comparison whose targets are read")
-    args = parser.parse_args(argv)
+    args = study_parser(__doc__, "the study's folder (its runs/eval<N>_seed<S>)").parse_args(argv)
     sys.stdout.write(sampler_gap(args.folder, args.comparison))
     return 0
 

@@ -56,8 +56,8 @@ from vgrpo_lib.benchmarks.compare.runner import (
     setting_iterations, start_or_resume, train_stage, train_to_end,
 )
 from vgrpo_lib.benchmarks.compare.stats import (
-    BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
-    first_heldout_evaluation, HELDOUT_KEPT, heldout_target_rule, heldout_time_to_target, keeps_heldout_target, median_ratio_interval,
+    BOOTSTRAP_RESAMPLES, DIAGNOSTICS, HELDOUT_KEPT, HELDOUT_RATIO_KEYS, INTERVAL, TRAINING_RATIO_KEYS, aggregate_seeds,
+    first_heldout_evaluation, heldout_target_rule, heldout_time_to_target, keeps_heldout_target, median_ratio_interval,
     median_ratios, selection_key, smoothed, summarise_run,
     target_rule, time_to_target,
 )
@@ -67,8 +67,8 @@ __all__ = [
     "LEARNING_RATES", "MIN_SEEDS", "POLL_SECONDS", "REFERENCE", "SELECTIONS", "SMOOTHING", "TARGET_FRACTION", "TASK_OVERRIDES",
     "TRAINING_RATIO_KEYS", "TUNING_SEED", "VARIANTS", "FinishedRun", "Selection", "Variant", "aggregate_seeds", "build",
     "check_comparison_folder", "chosen_config", "cosine_decay",
-    "finished_run", "first_heldout_evaluation", "heldout_target_rule", "heldout_time_to_target", "keeps_heldout_target", "markdown_table", "median_ratio_interval",
-    "median_ratios",
+    "finished_run", "first_heldout_evaluation", "heldout_target_rule", "heldout_time_to_target", "keeps_heldout_target",
+    "markdown_table", "median_ratio_interval", "median_ratios",
     "plot_curves", "ratio_cell", "run_compare", "run_name", "selection_key", "setting_budget", "setting_config",
     "setting_iterations",
     "smoothed", "start_or_resume",

@@ -26,9 +26,9 @@ from vgrpo_lib.benchmarks.analysis.heldout_selection import heldout_selection
 from vgrpo_lib.benchmarks.analysis.iteration_budget import iteration_budget
 from vgrpo_lib.benchmarks.analysis.kept_selection import kept_selection
 from vgrpo_lib.benchmarks.analysis.main_job_phases import main_job_phases
+from vgrpo_lib.benchmarks.analysis.phrasing_gap import phrasing_gap
 from vgrpo_lib.benchmarks.analysis.protocol_wall_times import protocol_wall_times
 from vgrpo_lib.benchmarks.analysis.repeat_check import main as repeat_check_main
-from vgrpo_lib.benchmarks.analysis.phrasing_gap import phrasing_gap
 from vgrpo_lib.benchmarks.analysis.repeat_check import repeat_check
 from vgrpo_lib.benchmarks.analysis.sampler_gap import sampler_gap
 from vgrpo_lib.benchmarks.analysis.table_sizes import table_sizes
@@ -159,6 +159,16 @@ def test_the_sampler_gap_refuses_runs_it_cannot_pair(tmp_path):
     RunDir(study / "runs" / "eval20_seed0").write_rows("metrics.csv", metrics[:-1])
     with pytest.raises(ValueError, match="seed 0: the two runs trained 153 and 152 iterations"):
         sampler_gap(study, comparison)
+
+
+def test_first_heldout_iteration_reads_the_protocols_clock():
+    """The reports' held-out crossing is the protocol's: the base evaluation (iteration 0) never counts, a value equal
+    to the target does, and a run that never reaches it reads ``never``."""
+    evaluations = [{"iteration": 0, "reward_mean": 0.9}, {"iteration": 10, "reward_mean": 0.5},
+                   {"iteration": 20, "reward_mean": 0.8}, {"iteration": 30, "reward_mean": 0.95}]
+    assert analysis.first_heldout_iteration(evaluations, 0.8) == "20"
+    assert analysis.first_heldout_iteration(evaluations, 0.9) == "30"
+    assert analysis.first_heldout_iteration(evaluations, 0.99) == "never"
 
 
 def test_the_phrasing_gap_refuses_runs_it_cannot_pair(tmp_path):
