@@ -196,6 +196,21 @@ class AdvantageConfig(Section):
              "weighted sum of the raw scores is normalised per group: official Flow-GRPO) | normalize_then_sum (each "
              "reward is normalised per group, then weighted and summed: no reward dominates by its scale).",
     )
+    downsample: int | None = setting(
+        None, rule=Rule(lambda v: v >= 2, ">= 2 (a group-relative advantage needs two samples)"),
+        help="Update on this many of each group's group_size samples: those whose rewards vary most (PODS "
+             "max-variance down-sampling, vgrpo_lib.advantages.max_variance_subset), their advantages computed among "
+             "them; the update then costs downsample / group_size of the whole rollout's. None: every sample.",
+    )
+
+    def check(self, config: TrainConfig) -> None:
+        if self.downsample is not None and self.downsample > config.group_size:
+            raise UsageError(f"advantage.downsample={self.downsample} keeps more samples than a group has "
+                             f"(group_size={config.group_size}).")
+
+    def trained_per_group(self, group_size: int) -> int:
+        """How many of each group's ``group_size`` samples the update trains on."""
+        return group_size if self.downsample is None else self.downsample
 
 
 @dataclass
@@ -601,9 +616,11 @@ class DGPOConfig(AlgorithmSection):
                              "optim.minibatches and optim.minibatch_size must be unset (one step per epoch on the "
                              "whole rollout, as the official code).")
         micro = optim.micro_batch_size
-        if micro is not None and (not isinstance(micro, int) or micro % config.group_size):
+        trained = config.advantage.trained_per_group(config.group_size)
+        if micro is not None and (not isinstance(micro, int) or micro % trained):
             raise UsageError(f"dgpo needs whole groups in every micro-batch: optim.micro_batch_size must be a multiple "
-                             f"of group_size={config.group_size}, got {micro!r}.")
+                             f"of the {trained} samples it trains per group (group_size, or advantage.downsample), "
+                             f"got {micro!r}.")
         if optim.max_kl is not None and self.clip_range is None:
             raise UsageError("optim.max_kl stops on the clip's ratio: set dgpo.clip_range too.")
 

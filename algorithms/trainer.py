@@ -32,6 +32,7 @@ from tensordict import TensorDict
 from tqdm.auto import tqdm
 
 from vgrpo_lib.algorithms.autotune import MicroBatchSizes
+from vgrpo_lib.algorithms.base import Algorithm
 from vgrpo_lib.algorithms.config import TrainConfig, schedule_targets
 from vgrpo_lib.algorithms.errors import DamagedFileError, UsageError
 from vgrpo_lib.algorithms.costs import PhaseClock
@@ -58,9 +59,9 @@ from vgrpo_lib.integrations.distributed import (
     Shard, all_finite, barrier, decided_by_main, is_sharded, load_model_state_dict, load_optimizer_state_dict,
     model_state_dict, optimizer_state_dict,
 )
-from vgrpo_lib.advantages import GroupAdvantage
+from vgrpo_lib.advantages import GroupAdvantage, max_variance_subset
 
-__all__ = ["build_algorithm", "iteration_nfe", "refuse_nonfinite_weights", "task_label", "Trainer"]
+__all__ = ["build_algorithm", "iteration_nfe", "refuse_nonfinite_weights", "spent_nfe", "task_label", "Trainer"]
 
 logging.getLogger("torchrl").setLevel(logging.WARNING)
 
@@ -95,9 +96,9 @@ def build_algorithm(config: TrainConfig, task: TaskProtocol, policy: torch.nn.Mo
     return algorithm_class(config, policies, task.sample_shape, rollout_grid(task, config.rollout))
 
 
-def iteration_nfe(config: TrainConfig) -> int:
-    """Model evaluations per sample in one iteration of ``config`` (the sum of
-    :meth:`~vgrpo_lib.algorithms.base.Algorithm.nfe`: rollout, prepare, update), read from its algorithm as built for
+def iteration_nfe(config: TrainConfig) -> float:
+    """Model evaluations per sample in one iteration of ``config`` (the sum of :func:`spent_nfe`: rollout, prepare,
+    update; a fraction with ``advantage.downsample``), read from its algorithm as built for
     training on its task, whose policy is loaded for it (no run directory is touched): what a budget in NFE per
     sample divides by (``vgrpo compare --nfe-budget``). Refused by name for a config whose cost changes as it trains
     (:attr:`~vgrpo_lib.algorithms.base.Algorithm.nfe_varies_with`: V-GRPO's ``vgrpo.adaptive_pairs``)."""
@@ -106,7 +107,18 @@ def iteration_nfe(config: TrainConfig) -> int:
     if algorithm.nfe_varies_with is not None:
         raise UsageError(f"{config.algo} with {algorithm.nfe_varies_with} chooses its cost per iteration as it "
                          f"trains: no fixed number of iterations spends a given NFE budget.")
-    return sum(algorithm.nfe().values())
+    return sum(spent_nfe(algorithm, config).values())
+
+
+def spent_nfe(algorithm: Algorithm, config: TrainConfig) -> dict[str, float]:
+    """Model evaluations per rollout sample in each phase of one iteration: the algorithm's own
+    (:meth:`~vgrpo_lib.algorithms.base.Algorithm.nfe`), its prepare and update phases on the samples it trains on
+    (``advantage.downsample`` of each group's ``group_size``: a fraction of theirs per rollout sample)."""
+    nfe = algorithm.nfe()
+    trained = config.advantage.trained_per_group(config.group_size)
+    if trained == config.group_size:
+        return nfe
+    return {phase: value if phase == "rollout" else value * trained / config.group_size for phase, value in nfe.items()}
 
 
 class Trainer:
@@ -331,7 +343,12 @@ class Trainer:
         # The global batch's rewards on every rank (B floats, or [B, R]): advantages and logged statistics are global.
         scores, groups = self.shard.all_gather(batch["reward"]), self.shard.all_gather(group)
         reward = scores if self.reward_names is None else scores @ self.reward_weights.to(scores)  # the weighted sum
-        advantage = self.advantage(scores, groups)
+        if self.config.advantage.downsample is None:
+            advantage = self.advantage(scores, groups)
+        else:  # the update trains on each group's most varied rewards; the logged rewards stay the whole rollout's
+            kept = max_variance_subset(reward, groups, self.config.advantage.downsample)
+            advantage = self.advantage(scores[kept], groups[kept])
+            batch = batch[self.shard.local(kept)]
         batch["advantage"] = self.shard.local(advantage)
         clock.mark("reward")
         rows = self._prepare(batch)
@@ -341,7 +358,7 @@ class Trainer:
         self.control.observe(losses)  # the adaptive KL coefficients follow the measured KL
         self.algorithm.after_iteration(self.iteration, self.counters["grad_steps"])
         clock.mark("update")
-        nfe = self.algorithm.nfe()
+        nfe = spent_nfe(self.algorithm, self.config)
         self.counters["nfe"] += sum(nfe.values())
         self.counters["train_seconds"] += clock.elapsed
         self.counters["train_cpu_s"] += clock.cpu_seconds()

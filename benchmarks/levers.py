@@ -75,6 +75,11 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # with 4 as with 6 at lr 3e-3, for 8 model evaluations per sample and iteration instead of 10
     # (results/rate-pilot-mnist-sd3-digit-k4/).
     "euler_4": ("rollout.num_steps=4",),
+    # The update on 4 of each group's 8 samples, those whose rewards vary most (PODS max-variance down-sampling,
+    # advantage.downsample): on MNIST-SD3 digit `vgrpo+lean-k4`'s update is half its iteration's time, and a smaller
+    # batch per iteration did not learn more per sample (results/batch-pilot-mnist-sd3-digit-k4/): the rollout keeps
+    # its 64 samples, the update its most informative contrasts.
+    "downsample_4": ("advantage.downsample=4",),
     # Advantages scaled by the batch's reward std instead of each prompt group's (official Flow-GRPO / DiffusionNFT):
     # a group whose samples score alike no longer has its small differences, mostly the reward's noise, blown up to
     # unit scale.

@@ -31,7 +31,7 @@ from vgrpo_lib.objectives import soft_clip as soft_clip_fn
 
 __all__ = [
     "SCALES", "MULTI_REWARD", "Groups", "make_groups", "normalize_rewards", "group_statistics", "group_advantage",
-    "GroupAdvantage",
+    "GroupAdvantage", "max_variance_subset",
 ]
 
 SCALES = ("group", "batch", "none", "rank", "trimmed")
@@ -213,6 +213,43 @@ def group_advantage(
     if soft_clip is not None:
         advantage = soft_clip_fn(advantage, soft_clip)
     return advantage.to(dtype)
+
+
+def max_variance_subset(reward: torch.Tensor, group: torch.Tensor, keep: int) -> torch.Tensor:
+    """PODS's max-variance down-sampling (Xu et al., 2025, "Not All Rollouts are Useful"): of each group's ``n``
+    samples, the ``keep`` whose rewards have the largest (population) variance, as a mask ``[B]``.
+
+    Such a subset is the ``i`` highest rewards and the ``keep - i`` lowest for some ``i`` (PODS's lemma), so each
+    group's rewards are sorted once and its ``keep + 1`` candidates compared from prefix sums, for every group at
+    once; ties go to the candidate with fewer high rewards, and equal rewards rank by their place in the batch.
+    ``reward`` ``[B]`` (a multi-reward's weighted sum), ``group`` ``[B]`` integer ids of groups of equal size ``n``,
+    ``1 <= keep <= n``. Updating on the subset costs ``keep / n`` of the update while keeping the rollout's most
+    informative contrasts: the best and the worst samples of each prompt."""
+    check_tensor("group", group)
+    _check_reward(reward, group)
+    check_batch("reward", reward, group.shape[0], ndim=1)
+    check_finite("reward", reward)
+    groups = make_groups(group)
+    size = int(groups.count[0]) if groups.num_groups else 0
+    if bool((groups.count != size).any()):
+        raise ValueError(f"max_variance_subset needs groups of one size, got sizes {sorted(set(groups.count.tolist()))}.")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= size:
+        raise ValueError(f"keep must be an integer in [1, {size}] (the group size), got {keep!r}.")
+    by_reward = torch.argsort(reward, stable=True)
+    order = by_reward[torch.argsort(groups.index[by_reward], stable=True)]  # by group, then ascending reward
+    ranked = reward[order].to(torch.float64).view(groups.num_groups, size)
+    zero = ranked.new_zeros(groups.num_groups, 1)
+    first, second = torch.cat([zero, ranked.cumsum(1)], 1), torch.cat([zero, ranked.square().cumsum(1)], 1)
+    high = torch.arange(keep + 1, device=reward.device)  # candidate i: the i highest and the keep - i lowest
+    total = first[:, keep - high] + first[:, size:] - first[:, size - high]
+    squares = second[:, keep - high] + second[:, size:] - second[:, size - high]
+    variance = squares / keep - (total / keep).square()
+    best = variance.argmax(1, keepdim=True)  # the first maximum: the fewest high rewards among equal variances
+    position = torch.arange(size, device=reward.device)
+    chosen = (position < keep - best) | (position >= size - best)
+    kept = torch.zeros_like(group, dtype=torch.bool)
+    kept[order] = chosen.flatten()
+    return kept
 
 
 class GroupAdvantage(TensorDictModuleBase):

@@ -142,7 +142,7 @@ def setting_iterations(nfe_budget: int, variants, task: str, lr: float, override
             if nfe_budget < per_iteration:
                 raise UsageError(f"--nfe-budget {nfe_budget} is under one iteration of {variant} ({control}), "
                                  f"which costs {per_iteration} NFE per sample.")
-            table[variant][control] = nfe_budget // per_iteration
+            table[variant][control] = int(nfe_budget // per_iteration)  # a down-sampled update costs a fraction
     return table
 
 

@@ -24,13 +24,15 @@ TINY = ["prompts_per_iteration=4", "group_size=4", "rollout.num_steps=4", "eval.
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHM_CLASSES))
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_iteration_nfe_is_what_an_iteration_of_the_run_spends(algo, epochs, tmp_path):
-    """For every registered algorithm, one and two epochs (V-GRPO's prepare forwards appear with two): the NFE that
-    the budget divides by equals the first iteration's NFE per sample in the run's own metrics."""
+@pytest.mark.parametrize(("epochs", "downsample"), [(1, "none"), (2, "none"), (2, 2)])
+def test_iteration_nfe_is_what_an_iteration_of_the_run_spends(algo, epochs, downsample, tmp_path):
+    """For every registered algorithm, one and two epochs (V-GRPO's prepare forwards appear with two), and with the
+    update on half of each group (advantage.downsample): the NFE that the budget divides by equals the first
+    iteration's NFE per sample in the run's own metrics."""
     # The preset's own rollout (DGPO trains up to a step of it), a small batch.
     small = ["prompts_per_iteration=4", "group_size=4", "eval.per_prompt=2", "eval.num_steps=4"]
-    config = build_config(algo, "digits8", "official", [*small, "iterations=1", f"optim.epochs={epochs}"])
+    config = build_config(algo, "digits8", "official", [*small, "iterations=1", f"optim.epochs={epochs}",
+                                                        f"advantage.downsample={downsample}"])
     expected = iteration_nfe(config)
     trainer = Trainer(config, tmp_path / "run", progress=False)
     trainer.train()

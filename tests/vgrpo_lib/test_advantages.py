@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from vgrpo_lib import GroupAdvantage, group_advantage, group_statistics
-from vgrpo_lib.advantages import SCALES
+from vgrpo_lib.advantages import SCALES, max_variance_subset
 from vgrpo_lib.testing.strategies import reward_batches
 
 FAST = settings(max_examples=40, deadline=None)
@@ -251,3 +251,63 @@ def test_dtypes():
     group = torch.tensor([0, 0])
     assert group_advantage(torch.tensor([0, 1]), group).dtype == torch.float32
     assert group_advantage(torch.tensor([0.0, 1.0], dtype=torch.float64), group).dtype == torch.float64
+
+
+@st.composite
+def equal_groups(draw):
+    """(reward float64 [B], group [B], keep): 1-4 groups of one size 1-7 with arbitrary labels, interleaved; rewards on
+    the 1/4 grid (exact sums: a tie between two subsets' variances is a true tie), ties frequent."""
+    num_groups, size = draw(st.integers(1, 4)), draw(st.integers(1, 7))
+    values = st.integers(-8, 8).map(lambda i: i / 4) if draw(st.booleans()) else grid
+    reward = torch.tensor(draw(st.lists(values, min_size=num_groups * size, max_size=num_groups * size)),
+                          dtype=torch.float64)
+    labels = draw(st.lists(st.integers(-50, 50), min_size=num_groups, max_size=num_groups, unique=True))
+    group = torch.tensor(labels).repeat_interleave(size)
+    order = torch.randperm(group.numel(), generator=torch.Generator().manual_seed(draw(st.integers(0, 2**31))))
+    return reward, group[order], draw(st.integers(1, size))
+
+
+def _population_variance(values) -> float:
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
+
+
+@FAST
+@given(equal_groups())
+def test_max_variance_subset_is_the_best_subset_of_each_group(case):
+    """Against brute force over every subset of size keep (PODS's definition): each group keeps exactly keep samples
+    and no other subset of its rewards has a larger variance."""
+    import itertools
+
+    reward, group, keep = case
+    kept = max_variance_subset(reward, group, keep)
+    assert kept.dtype == torch.bool and kept.shape == group.shape
+    for members in _group_members(group).values():
+        chosen = [float(reward[i]) for i in members if kept[i]]
+        assert len(chosen) == keep
+        best = max(_population_variance(subset) for subset in itertools.combinations(reward[members].tolist(), keep))
+        assert _population_variance(chosen) == pytest.approx(best, rel=1e-12, abs=1e-12)
+
+
+def test_max_variance_subset_hand_computed():
+    """Group 7: (0.1, 0.9, 0.5, 0.4) keeps its extremes 0.1 and 0.9. Group 3: (1, 1, 1, 0): {0, 1} is the best pair
+    both as the two lowest and as the lowest and the highest; the tie goes to fewer high rewards, the two lowest,
+    and the earliest 1 is the lower of the equal ones. Three of each: group 7 keeps 0.1, 0.4 and 0.9 (variance
+    0.1089 against 0.1067 for 0.1, 0.5, 0.9), group 3 the 0 and its two earliest 1s. keep = n keeps all."""
+    reward = torch.tensor([0.1, 1.0, 0.9, 1.0, 0.5, 1.0, 0.4, 0.0])
+    group = torch.tensor([7, 3, 7, 3, 7, 3, 7, 3])
+    assert max_variance_subset(reward, group, 2).tolist() == [True, True, True, False, False, False, False, True]
+    assert max_variance_subset(reward, group, 4).all()
+    assert max_variance_subset(reward, group, 3).tolist() == [True, True, True, True, False, False, True, True]
+
+
+def test_max_variance_subset_refuses_bad_input():
+    reward, group = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 0, 1])
+    with pytest.raises(ValueError, match="groups of one size, got sizes \\[1, 2\\]"):
+        max_variance_subset(reward, group, 1)
+    with pytest.raises(ValueError, match=r"keep must be an integer in \[1, 3\]"):
+        max_variance_subset(torch.zeros(3), torch.zeros(3, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="keep must be an integer"):
+        max_variance_subset(torch.zeros(3), torch.zeros(3, dtype=torch.long), True)
+    with pytest.raises(ValueError, match="NaN"):
+        max_variance_subset(torch.tensor([0.0, float("nan")]), torch.zeros(2, dtype=torch.long), 1)
