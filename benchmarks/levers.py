@@ -80,6 +80,8 @@ LEVERS: dict[str, tuple[str, ...]] = {
     # batch per iteration did not learn more per sample (results/batch-pilot-mnist-sd3-digit-k4/): the rollout keeps
     # its 64 samples, the update its most informative contrasts.
     "downsample_4": ("advantage.downsample=4",),
+    # The update on each group's best and worst sample only (a quarter of downsample_4's update cost).
+    "downsample_2": ("advantage.downsample=2",),
     # Advantages scaled by the batch's reward std instead of each prompt group's (official Flow-GRPO / DiffusionNFT):
     # a group whose samples score alike no longer has its small differences, mostly the reward's noise, blown up to
     # unit scale.

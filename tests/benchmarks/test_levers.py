@@ -236,4 +236,5 @@ def test_every_lever_gives_a_valid_config_on_each_vgrpo_setting(variant):
         assert (built["k2"].vgrpo.num_pairs, built["k4"].vgrpo.num_pairs, built["k8"].vgrpo.num_pairs) == (2, 4, 8)
         assert (plain.advantage.scale, built["batch_scale"].advantage.scale) == ("group", "batch")
         assert (built["euler_6"].rollout.num_steps, built["euler_4"].rollout.num_steps) == (6, 4)
-        assert (plain.advantage.downsample, built["downsample_4"].advantage.downsample) == (None, 4)
+        assert (plain.advantage.downsample, built["downsample_4"].advantage.downsample,
+                built["downsample_2"].advantage.downsample) == (None, 4, 2)
