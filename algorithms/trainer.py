@@ -2,12 +2,13 @@
 
     for each iteration:
         prompts (B) -> G samples each (algorithm.rollout) -> rewards -> group advantages
+           (of each group's most varied m samples only with advantage.downsample=m: the update trains on those)
         -> algorithm.prepare (pairs and old surrogates / transitions / nothing)
         -> epochs x minibatches of gradient steps on algorithm.loss -> algorithm.after_iteration (old-policy update)
         -> metrics, evaluation, checkpoint
 
 Costs are measured per phase (rollout, reward, prepare, update) and model evaluations are counted per sample
-(see :meth:`vgrpo_lib.algorithms.base.Algorithm.nfe`). Checkpoints carry every RNG stream (:mod:`vgrpo_lib.algorithms.rng`), so
+(see :func:`spent_nfe`). Checkpoints carry every RNG stream (:mod:`vgrpo_lib.algorithms.rng`), so
 ``resume`` continues exactly; a run holds its run directory's lock while it trains
 (:class:`vgrpo_lib.algorithms.run_dir.RunDir`). How it executes lives in modules of their own: the processes
 (:mod:`vgrpo_lib.algorithms.strategy`), the precision (:mod:`vgrpo_lib.algorithms.precision`), the gradient steps with their
