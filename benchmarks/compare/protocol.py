@@ -74,6 +74,7 @@ VARIANTS: dict[str, Variant] = {
     # were measured.
     "vgrpo+lean": _beyond_paper("vgrpo+lean", _VGRPO_CONTROLS),
     "vgrpo+lean-k4": _beyond_paper("vgrpo+lean-k4", _VGRPO_CONTROLS),
+    "vgrpo+pods": _beyond_paper("vgrpo+pods", _VGRPO_CONTROLS),
     # Official: two minibatches per rollout (the default controls hold it), clip 1e-4.
     "flow_grpo": Variant("flow_grpo", FLOW_GRPO_CORE),
     # MixGRPO: Flow-GRPO with a sliding SDE window of 4 steps (its window replaces the timestep fraction).

@@ -62,6 +62,16 @@ def test_the_lean_candidates_are_vgrpo_with_their_pairs_and_a_six_step_rollout_o
         assert _settings(run) == {**_settings(same), "vgrpo.num_pairs": pairs, "rollout.num_steps": 6}
 
 
+
+def test_the_pods_candidate_is_vgrpo_lean_k4_with_four_rollout_steps_and_half_the_group_updated():
+    """vgrpo+pods changes vgrpo+lean-k4's training rollout (4 Euler steps) and trains the update on 4 samples of each
+    group (advantage.downsample), under V-GRPO's controls; everything else, the evaluation included, is the same."""
+    assert VARIANTS["vgrpo+pods"].step_controls == VARIANTS["vgrpo"].step_controls
+    for control in VARIANTS["vgrpo"].step_controls:
+        pods, k4 = build("vgrpo+pods", "digit", 100, 3e-3, control, []), build("vgrpo+lean-k4", "digit", 100, 3e-3, control, [])
+        assert _settings(pods) == {**_settings(k4), "rollout.num_steps": 4, "advantage.downsample": 4}
+        assert pods.eval.num_steps == k4.eval.num_steps
+
 def _settings(config) -> dict:
     """Every dotted key of the config (``valid_keys``) and its value."""
     return {key: attrgetter(key)(config) for key in valid_keys()}
