@@ -616,11 +616,12 @@ class DGPOConfig(AlgorithmSection):
                              "optim.minibatches and optim.minibatch_size must be unset (one step per epoch on the "
                              "whole rollout, as the official code).")
         micro = optim.micro_batch_size
-        trained = config.advantage.trained_per_group(config.group_size)
-        if micro is not None and (not isinstance(micro, int) or micro % trained):
+        downsample = config.advantage.downsample
+        group = f"group_size={config.group_size}" if downsample is None else \
+            f"advantage.downsample={downsample} (the samples of each group it trains on)"
+        if micro is not None and (not isinstance(micro, int) or micro % config.advantage.trained_per_group(config.group_size)):
             raise UsageError(f"dgpo needs whole groups in every micro-batch: optim.micro_batch_size must be a multiple "
-                             f"of the {trained} samples it trains per group (group_size, or advantage.downsample), "
-                             f"got {micro!r}.")
+                             f"of {group}, got {micro!r}.")
         if optim.max_kl is not None and self.clip_range is None:
             raise UsageError("optim.max_kl stops on the clip's ratio: set dgpo.clip_range too.")
 

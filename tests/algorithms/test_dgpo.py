@@ -286,6 +286,8 @@ def test_dgpo_raises_the_reward_on_the_8x8_digits(tiny_config, tmp_path):
         (["optim.minibatches=2"], "whole groups"),
         (["optim.minibatch_size=8"], "whole groups"),
         (["optim.micro_batch_size=6"], r"multiple of group_size=4"),
+        (["advantage.downsample=2", "optim.micro_batch_size=3"],
+         r"multiple of advantage.downsample=2 \(the samples of each group it trains on\), got 3"),
         (["dgpo.preference_reference=ema"], "Unknown dgpo.preference_reference 'ema'"),
         (["dgpo.clip_range=none", "optim.max_kl=0.1"], "set dgpo.clip_range"),
         (["dgpo.clip_range=none", "schedule.clip_range=linear:end=0,steps=2"], "needs dgpo.clip_range set"),
