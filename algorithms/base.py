@@ -58,7 +58,7 @@ class Algorithm:
     def single_step(self) -> bool:
         """Exactly one gradient step per rollout (one epoch, one minibatch)."""
         optim = self.config.optim
-        batch = self.config.prompts_per_iteration * self.config.advantage.trained_per_group(self.config.group_size)
+        batch = self.config.prompts_per_iteration * self.config.trained_per_group
         one_minibatch = optim.minibatches in (None, 1) and (optim.minibatch_size is None or optim.minibatch_size >= batch)
         return optim.epochs == 1 and one_minibatch
 

@@ -208,10 +208,6 @@ class AdvantageConfig(Section):
             raise UsageError(f"advantage.downsample={self.downsample} keeps more samples than a group has "
                              f"(group_size={config.group_size}).")
 
-    def trained_per_group(self, group_size: int) -> int:
-        """How many of each group's ``group_size`` samples the update trains on."""
-        return group_size if self.downsample is None else self.downsample
-
 
 @dataclass
 class ScheduleConfig(Section):
@@ -619,7 +615,7 @@ class DGPOConfig(AlgorithmSection):
         downsample = config.advantage.downsample
         group = f"group_size={config.group_size}" if downsample is None else \
             f"advantage.downsample={downsample} (the samples of each group it trains on)"
-        if micro is not None and (not isinstance(micro, int) or micro % config.advantage.trained_per_group(config.group_size)):
+        if micro is not None and (not isinstance(micro, int) or micro % config.trained_per_group):
             raise UsageError(f"dgpo needs whole groups in every micro-batch: optim.micro_batch_size must be a multiple "
                              f"of {group}, got {micro!r}.")
         if optim.max_kl is not None and self.clip_range is None:
@@ -805,6 +801,11 @@ class TrainConfig:
         from vgrpo_lib.algorithms.presets import build_config  # the presets are built on this module
 
         return build_config(algo, task, preset, list(overrides))
+
+    @property
+    def trained_per_group(self) -> int:
+        """How many of each group's ``group_size`` samples the update trains on (``advantage.downsample``, else all)."""
+        return self.group_size if self.advantage.downsample is None else self.advantage.downsample
 
     def to_dict(self) -> dict:
         """What ``config.json`` holds: every key the chosen algorithm uses (not the other algorithms' sections, not

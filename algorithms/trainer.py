@@ -116,7 +116,7 @@ def spent_nfe(algorithm: Algorithm, config: TrainConfig) -> dict[str, float]:
     (:meth:`~vgrpo_lib.algorithms.base.Algorithm.nfe`), its prepare and update phases on the samples it trains on
     (``advantage.downsample`` of each group's ``group_size``: a fraction of theirs per rollout sample)."""
     nfe = algorithm.nfe()
-    trained = config.advantage.trained_per_group(config.group_size)
+    trained = config.trained_per_group
     if trained == config.group_size:
         return nfe
     return {phase: value if phase == "rollout" else value * trained / config.group_size for phase, value in nfe.items()}
